@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Conntrack: an LRU hash with one entry per direction of a flow. Entries
+ * carry their own expiry (the LRU only bounds memory), with timeouts in the
+ * spirit of netfilter's: the established TCP timeout is the 24 h kube-proxy
+ * configures for nf_conntrack_tcp_timeout_established. */
+#ifndef XVS_CT_H
+#define XVS_CT_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "maps.h"
+#include "parse.h"
+#include "types.h"
+
+#define NSEC_PER_SEC 1000000000ULL
+
+/* Load-time knobs (seconds); the loader may rewrite them. */
+volatile const __u32 cfg_ct_tcp_syn_s = 60;
+volatile const __u32 cfg_ct_tcp_established_s = 86400;
+volatile const __u32 cfg_ct_tcp_closing_s = 10;
+volatile const __u32 cfg_ct_udp_s = 30;
+volatile const __u32 cfg_ct_udp_stream_s = 120;
+
+/* Only refresh an entry's expiry when it moves by more than this, so that a
+ * busy flow does not write its cache line on every packet. */
+#define CT_REFRESH_SLACK_NS NSEC_PER_SEC
+
+static __always_inline void ct_key_v4(struct xvs_ct_key *k, __be32 saddr, __be32 daddr, __be16 sport,
+				      __be16 dport, __u8 proto)
+{
+	__builtin_memcpy(k->saddr, &saddr, sizeof(saddr));
+	__builtin_memcpy(k->daddr, &daddr, sizeof(daddr));
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->family = XVS_FAMILY_IPV4;
+}
+
+static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
+{
+	__u32 s;
+
+	if (flags & XVS_CT_F_CLOSING)
+		s = cfg_ct_tcp_closing_s;
+	else if (proto == IPPROTO_TCP)
+		s = (flags & XVS_CT_F_SEEN_REPLY) ? cfg_ct_tcp_established_s : cfg_ct_tcp_syn_s;
+	else
+		s = (flags & XVS_CT_F_SEEN_REPLY) ? cfg_ct_udp_stream_s : cfg_ct_udp_s;
+	return (__u64)s * NSEC_PER_SEC;
+}
+
+/* Account for one packet of a tracked flow: TCP FIN or RST moves the entry
+ * to its closing timeout, a reply marks the flow as seen both ways. */
+static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pkt *p, __u64 now)
+{
+	__u8 flags = e->flags;
+
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		flags |= XVS_CT_F_CLOSING;
+	if (flags & XVS_CT_F_REPLY)
+		flags |= XVS_CT_F_SEEN_REPLY;
+	if (flags != e->flags)
+		e->flags = flags;
+
+	__u64 expires = now + ct_lifetime_ns(p->proto, flags);
+	if (flags & XVS_CT_F_CLOSING) {
+		/* Closing only ever shortens the entry's life. */
+		if (expires < e->expires)
+			e->expires = expires;
+	} else if (expires > e->expires + CT_REFRESH_SLACK_NS) {
+		e->expires = expires;
+	}
+}
+
+/* A flow's forward entry is usable unless it expired, or it is a closed TCP
+ * flow that a new SYN reopens (the client reused its port). */
+static __always_inline bool ct_usable(const struct xvs_ct_entry *e, const struct xvs_pkt *p, __u64 now)
+{
+	if (now > e->expires)
+		return false;
+	if (p->proto == IPPROTO_TCP && (e->flags & XVS_CT_F_CLOSING) &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	return true;
+}
+
+#endif

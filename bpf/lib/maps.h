@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map definitions. Every map is pinned by name under the loader's pin path
+ * (/sys/fs/bpf/xvs/), so state outlives the agent and a new program picks it
+ * up. Sizes here are defaults: the loader resizes them from its config. */
+#ifndef XVS_MAPS_H
+#define XVS_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "types.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct xvs_svc_key);
+	__type(value, struct xvs_svc_value);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct xvs_backend);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_ct_key);
+	__type(value, struct xvs_ct_entry);
+	__uint(max_entries, 524288);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_conntrack SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_frag_key);
+	__type(value, struct xvs_frag_ports);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_fragments SEC(".maps");
+
+/* Indexed by service (frontend) ID. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_stats);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_svc_stats SEC(".maps");
+
+/* Indexed by backend ID. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_stats);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_backend_stats SEC(".maps");
+
+/* Indexed by enum xvs_verdict: packets and bytes per verdict. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_stats);
+	__uint(max_entries, XVS_V_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_verdicts SEC(".maps");
+
+#endif

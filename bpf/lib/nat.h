@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Address and port rewriting with incremental checksum updates (RFC 1624
+ * through the kernel's csum helpers). The L4 checksum covers the pseudo
+ * header, so an address change touches it too; a UDP checksum of zero means
+ * "none" and must stay zero (BPF_F_MARK_MANGLED_0). */
+#ifndef XVS_NAT_H
+#define XVS_NAT_H
+
+#include <linux/bpf.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+
+#include "parse.h"
+
+#define IPV4_CSUM_OFF offsetof(struct iphdr, check)
+#define IPV4_SADDR_OFF offsetof(struct iphdr, saddr)
+#define IPV4_DADDR_OFF offsetof(struct iphdr, daddr)
+
+static __always_inline __u32 l4_csum_off(const struct xvs_pkt *p)
+{
+	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+						    : offsetof(struct udphdr, check));
+}
+
+static __always_inline __u64 l4_csum_flags(const struct xvs_pkt *p)
+{
+	return p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+}
+
+/* Rewrite one side (source when src is true, else destination) of an IPv4
+ * packet to addr:port. Ports are only rewritten when the L4 header is in
+ * this packet; a later fragment only carries the address. Returns 0 or a
+ * negative error from the helpers. */
+static __always_inline int nat_rewrite_v4(struct __sk_buff *skb, const struct xvs_pkt *p, bool src,
+					  __be32 addr, __be16 port)
+{
+	__be32 old_addr = src ? p->saddr : p->daddr;
+	__be16 old_port = src ? p->sport : p->dport;
+	__u32 addr_off = p->l3_off + (src ? IPV4_SADDR_OFF : IPV4_DADDR_OFF);
+	int ret;
+
+	if (p->has_l4) {
+		__u32 csum_off = l4_csum_off(p);
+		__u64 flags = l4_csum_flags(p);
+
+		if (old_addr != addr) {
+			ret = bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
+						  flags | BPF_F_PSEUDO_HDR | sizeof(addr));
+			if (ret)
+				return ret;
+		}
+		if (old_port != port) {
+			__u32 port_off = p->l4_off + (src ? offsetof(struct tcphdr, source)
+							  : offsetof(struct tcphdr, dest));
+			ret = bpf_l4_csum_replace(skb, csum_off, old_port, port, flags | sizeof(port));
+			if (ret)
+				return ret;
+			ret = bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0);
+			if (ret)
+				return ret;
+		}
+	}
+	if (old_addr != addr) {
+		ret = bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old_addr, addr, sizeof(addr));
+		if (ret)
+			return ret;
+		ret = bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+#endif

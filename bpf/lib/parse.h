@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing: from an skb to the tuple the load balancer works on.
+ * Anything we cannot parse is left untouched (XVS_V_PASS_MALFORMED): the
+ * kernel stack is a better judge of a broken packet than we are. */
+#ifndef XVS_PARSE_H
+#define XVS_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "maps.h"
+#include "types.h"
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+enum {
+	XVS_PARSE_OK = 0,
+	XVS_PARSE_IGNORE,    /* not a protocol we balance */
+	XVS_PARSE_MALFORMED, /* truncated or inconsistent headers */
+	XVS_PARSE_FRAGMENT,  /* non-first fragment of an unknown flow */
+};
+
+struct xvs_pkt {
+	__u32 l3_off;
+	__u32 l4_off;
+	__u32 len;
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+	/* The L4 header is in this packet (false for non-first fragments). */
+	bool has_l4;
+};
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+static __always_inline int l4_hdr_len(__u8 proto)
+{
+	return proto == IPPROTO_TCP ? sizeof(struct tcphdr) : sizeof(struct udphdr);
+}
+
+/* Parse an IPv4 packet whose network header starts at l3_off. Returns one of
+ * the XVS_PARSE_* codes and fills p. */
+static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + l3_off;
+
+	if ((void *)(ip + 1) > data_end) {
+		/* Headers may sit in a non-linear part: pull and retry once. */
+		if (bpf_skb_pull_data(skb, l3_off + sizeof(*ip)))
+			return XVS_PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip = data + l3_off;
+		if ((void *)(ip + 1) > data_end)
+			return XVS_PARSE_MALFORMED;
+	}
+	if (ip->version != 4 || ip->ihl < 5)
+		return XVS_PARSE_MALFORMED;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return XVS_PARSE_IGNORE;
+
+	__u32 ihl = ip->ihl * 4;
+	__u16 tot_len = bpf_ntohs(ip->tot_len);
+	if (tot_len < ihl || l3_off + tot_len > skb->len)
+		return XVS_PARSE_MALFORMED;
+
+	p->l3_off = l3_off;
+	p->l4_off = l3_off + ihl;
+	p->len = tot_len;
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->proto = ip->protocol;
+	p->tcp_flags = 0;
+	/* Read before any pull: pulling invalidates packet pointers. */
+	__be16 ip_id = ip->id;
+
+	__u16 frag = bpf_ntohs(ip->frag_off);
+	if (frag & IP_OFFSET) {
+		/* A later fragment: no ports here; take them from the first. */
+		struct xvs_frag_key fk = {
+			.saddr = p->saddr, .daddr = p->daddr, .id = ip_id, .proto = p->proto,
+		};
+		struct xvs_frag_ports *fp = bpf_map_lookup_elem(&xvs_fragments, &fk);
+		if (!fp)
+			return XVS_PARSE_FRAGMENT;
+		p->sport = fp->sport;
+		p->dport = fp->dport;
+		p->has_l4 = false;
+		return XVS_PARSE_OK;
+	}
+
+	__u32 need = p->l4_off + l4_hdr_len(p->proto);
+	if (tot_len < ihl + l4_hdr_len(p->proto))
+		return XVS_PARSE_MALFORMED;
+	if (data + need > data_end) {
+		if (bpf_skb_pull_data(skb, need))
+			return XVS_PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+	/* Re-derive the L4 pointer with a constant-bounded offset check. */
+	if (p->l4_off > 128)
+		return XVS_PARSE_MALFORMED;
+	void *l4 = data + p->l4_off;
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > data_end)
+			return XVS_PARSE_MALFORMED;
+		if (th->doff < 5)
+			return XVS_PARSE_MALFORMED;
+		p->sport = th->source;
+		p->dport = th->dest;
+		p->tcp_flags = ((__u8 *)th)[13];
+	} else {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > data_end)
+			return XVS_PARSE_MALFORMED;
+		p->sport = uh->source;
+		p->dport = uh->dest;
+	}
+	p->has_l4 = true;
+
+	if (frag & IP_MF) {
+		/* First fragment of several: remember its ports. */
+		struct xvs_frag_key fk = {
+			.saddr = p->saddr, .daddr = p->daddr, .id = ip_id, .proto = p->proto,
+		};
+		struct xvs_frag_ports fp = { .sport = p->sport, .dport = p->dport };
+		bpf_map_update_elem(&xvs_fragments, &fk, &fp, BPF_ANY);
+	}
+	return XVS_PARSE_OK;
+}
+
+#endif

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* REJECT, as kube-proxy's filter rules do it for Services without usable
+ * endpoints: a TCP RST for TCP, an ICMP port unreachable for UDP. The reply
+ * is built in place from the offending packet and sent back out of the
+ * interface it came in on, with the frontend as its source, so the client
+ * sees "connection refused" at once instead of a timeout. */
+#ifndef XVS_REJECT_H
+#define XVS_REJECT_H
+
+#include <linux/bpf.h>
+#include <linux/icmp.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "parse.h"
+
+#define REJECT_TTL 64
+/* The largest quote: an IPv4 header with options and 8 bytes of L4. */
+#define ICMP_QUOTE_MAX (60 + 8)
+
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
+static __always_inline void ipv4_reply_hdr(struct iphdr *ip, const struct xvs_pkt *p, __u16 tot_len,
+					   __u8 proto)
+{
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(tot_len);
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000); /* DF */
+	ip->ttl = REJECT_TTL;
+	ip->protocol = proto;
+	ip->check = 0;
+	ip->saddr = p->daddr;
+	ip->daddr = p->saddr;
+	ip->check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
+/* Swap the Ethernet addresses and send the packet back where it came from. */
+static __always_inline int reject_bounce(struct __sk_buff *skb)
+{
+	__u8 mac[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
+		return -1;
+	__builtin_memcpy(swapped, mac + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, mac, ETH_ALEN);
+	if (bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0))
+		return -1;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline int reject_tcp(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	struct tcphdr in, out = {};
+	struct iphdr ip;
+
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return -1; /* never answer a RST */
+	if (bpf_skb_load_bytes(skb, p->l4_off, &in, sizeof(in)))
+		return -1;
+
+	/* RFC 9293 3.10.7.1: answer an ACK with seq = its ack, anything else
+	 * with RST|ACK acknowledging all it occupied. */
+	out.source = p->dport;
+	out.dest = p->sport;
+	out.doff = 5;
+	out.rst = 1;
+	if (in.ack) {
+		out.seq = in.ack_seq;
+	} else {
+		__u32 seg_len = p->len - (p->l4_off - p->l3_off) - in.doff * 4;
+		seg_len += in.syn + in.fin;
+		out.ack = 1;
+		out.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + seg_len);
+	}
+
+	if (bpf_skb_change_tail(skb, p->l3_off + sizeof(ip) + sizeof(out), 0))
+		return -1;
+	ipv4_reply_hdr(&ip, p, sizeof(ip) + sizeof(out), IPPROTO_TCP);
+
+	struct {
+		__be32 saddr, daddr;
+		__u8 zero, proto;
+		__be16 len;
+	} pseudo = { ip.saddr, ip.daddr, 0, IPPROTO_TCP, bpf_htons(sizeof(out)) };
+	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	out.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&out, sizeof(out), csum));
+
+	if (bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &out, sizeof(out), 0))
+		return -1;
+	return reject_bounce(skb);
+}
+
+static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	__u8 quote[ICMP_QUOTE_MAX] = {};
+	struct icmphdr icmp = {};
+	struct iphdr ip;
+	__u32 qlen = p->l4_off - p->l3_off + 8;
+
+	if (qlen > ICMP_QUOTE_MAX || qlen < sizeof(ip) + 8)
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l3_off, quote, qlen))
+		return -1;
+	/* Keep the offending header and 8 bytes of it, then open room for
+	 * our own IP and ICMP headers in front of it. */
+	if (bpf_skb_change_tail(skb, p->l3_off + qlen, 0))
+		return -1;
+	if (bpf_skb_adjust_room(skb, sizeof(ip) + sizeof(icmp), BPF_ADJ_ROOM_MAC, 0))
+		return -1;
+
+	icmp.type = ICMP_DEST_UNREACH;
+	icmp.code = ICMP_PORT_UNREACH;
+	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), 0);
+	csum = bpf_csum_diff(NULL, 0, (__be32 *)quote, qlen & ~3U, csum);
+	icmp.checksum = csum_fold(csum);
+	ipv4_reply_hdr(&ip, p, sizeof(ip) + sizeof(icmp) + qlen, IPPROTO_ICMP);
+
+	if (bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &icmp, sizeof(icmp), 0))
+		return -1;
+	return reject_bounce(skb);
+}
+
+/* Build and send the reject reply. Returns a TC action, or -1 when no reply
+ * could be built (the caller drops the packet). */
+static __always_inline int reject_v4(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	if (!p->has_l4)
+		return -1;
+	if (p->proto == IPPROTO_TCP)
+		return reject_tcp(skb, p);
+	return reject_icmp(skb, p);
+}
+
+#endif

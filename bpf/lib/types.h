@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Types shared by the BPF programs and Go (through bpf2go -type): this file
+ * is the single boundary between C and Go. Every layout keeps room for IPv6
+ * (addresses are 16 bytes; IPv4 uses the first four and zeroes the rest), so
+ * adding IPv6 never needs a map migration. */
+#ifndef XVS_TYPES_H
+#define XVS_TYPES_H
+
+#include <linux/types.h>
+
+enum xvs_family {
+	XVS_FAMILY_IPV4 = 4,
+	XVS_FAMILY_IPV6 = 6,
+};
+
+/* The scope of a service key: which endpoint set its slots hold. */
+enum xvs_scope {
+	/* The set the traffic policy selects (cluster or local). */
+	XVS_SCOPE_POLICY = 0,
+	/* The cluster set of an eTP=Local frontend, used by pod and host
+	 * sources that kube-proxy short-circuits to all endpoints. */
+	XVS_SCOPE_SHORT_CIRCUIT = 1,
+};
+
+/* Service map key, Cilium's slot model: slot 0 is the service entry itself
+ * (count, flags), slots 1..count point at backend IDs. */
+struct xvs_svc_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 family;
+	__u16 slot;
+	__u8 scope;
+	__u8 pad;
+};
+
+enum xvs_svc_flags {
+	/* Some ready or serving-terminating endpoint exists anywhere: an empty
+	 * slot set then means DROP (policy filtered everything), else REJECT. */
+	XVS_SVC_F_HAS_ENDPOINTS = 1 << 0,
+	/* The slot set holds local endpoints only (eTP or iTP Local). */
+	XVS_SVC_F_LOCAL = 1 << 1,
+	/* sessionAffinity: ClientIP. */
+	XVS_SVC_F_AFFINITY = 1 << 2,
+	/* loadBalancerSourceRanges apply (LB frontends only). */
+	XVS_SVC_F_SOURCE_RANGES = 1 << 3,
+	/* A short-circuit slot set (scope 1) exists for pod and host sources. */
+	XVS_SVC_F_SHORT_CIRCUIT = 1 << 4,
+};
+
+enum xvs_kind {
+	XVS_KIND_CLUSTER_IP = 1,
+	XVS_KIND_NODE_PORT = 2,
+	XVS_KIND_EXTERNAL_IP = 3,
+	XVS_KIND_LOAD_BALANCER = 4,
+};
+
+enum xvs_sched {
+	XVS_SCHED_RANDOM = 0,
+	XVS_SCHED_RR = 1,
+	XVS_SCHED_WRR = 2,
+	XVS_SCHED_LC = 3,
+	XVS_SCHED_WLC = 4,
+	XVS_SCHED_SED = 5,
+	XVS_SCHED_NQ = 6,
+	XVS_SCHED_SH = 7,
+	XVS_SCHED_DH = 8,
+	XVS_SCHED_MH = 9,
+};
+
+struct xvs_svc_value {
+	/* Slots 1..N: the backend this slot points at. */
+	__u32 backend_id;
+	/* Every slot: the frontend's stable ID (counters, listing). */
+	__u32 svc_id;
+	/* Slot 0: the ServicePort's ID, shared by all its frontends, so that
+	 * session affinity spans ClusterIP, NodePort and LB addresses. */
+	__u32 group_id;
+	/* Slot 0: sessionAffinityConfig.clientIP.timeoutSeconds. */
+	__u32 affinity_timeout;
+	/* Slot 0: number of backend slots. */
+	__u16 count;
+	/* Slot 0: enum xvs_svc_flags. */
+	__u16 flags;
+	/* Slot 0: enum xvs_sched. */
+	__u8 sched;
+	/* Slot 0: enum xvs_kind. */
+	__u8 kind;
+	__u8 pad[2];
+};
+
+enum xvs_backend_flags {
+	XVS_BACKEND_F_LOCAL = 1 << 0,
+};
+
+struct xvs_backend {
+	__u8 addr[16];
+	__be16 port;
+	__u8 family;
+	__u8 flags;
+	__u16 weight;
+	__u8 pad[2];
+};
+
+/* Conntrack: one entry per direction, keyed by the tuple as the packet
+ * carries it. The forward entry (client -> frontend) says where to DNAT;
+ * the reply entry (backend -> client) says what to restore. */
+struct xvs_ct_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+enum xvs_ct_flags {
+	/* A reply entry: rewrite the source back to the frontend. */
+	XVS_CT_F_REPLY = 1 << 0,
+	/* FIN or RST seen: the entry lives only for the closing timeout. */
+	XVS_CT_F_CLOSING = 1 << 1,
+	/* A packet was seen in the reply direction (UDP "stream"). */
+	XVS_CT_F_SEEN_REPLY = 1 << 2,
+	/* The flow came in as a TCP SYN. */
+	XVS_CT_F_SYN = 1 << 3,
+};
+
+struct xvs_ct_entry {
+	/* CLOCK_MONOTONIC ns after which the entry is dead. */
+	__u64 expires;
+	/* The backend chosen for the flow, for counters and schedulers. The
+	 * address is also kept below: an endpoint removed from the Service
+	 * keeps its established flows until they close, as with netfilter
+	 * conntrack. */
+	__u32 backend_id;
+	__u32 svc_id;
+	/* Forward: the backend address; reply: the frontend address. */
+	__u8 nat_addr[16];
+	__be16 nat_port;
+	__u8 flags;
+	__u8 pad[5];
+};
+
+/* Tracks IPv4 fragments: the first fragment records its ports so later
+ * fragments (which carry no L4 header) follow the same flow. */
+struct xvs_frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct xvs_frag_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
+/* IPVS-style statistics, per CPU: `xvs list --stats` sums them. */
+struct xvs_stats {
+	__u64 conns;
+	__u64 packets_in;
+	__u64 packets_out;
+	__u64 bytes_in;
+	__u64 bytes_out;
+};
+
+/* Why a packet got the verdict it got; indexes the per-CPU verdict counters. */
+enum xvs_verdict {
+	XVS_V_PASS = 0,          /* not service traffic: untouched */
+	XVS_V_FWD_NEW,           /* new flow: backend chosen, DNAT */
+	XVS_V_FWD_ESTABLISHED,   /* conntrack hit: DNAT */
+	XVS_V_REPLY,             /* reply: reverse NAT */
+	XVS_V_PASS_MALFORMED,    /* truncated or malformed: untouched */
+	XVS_V_PASS_FRAGMENT,     /* fragment of an unknown flow: untouched */
+	XVS_V_DROP_NO_LOCAL,     /* endpoints exist, policy set empty */
+	XVS_V_REJECT_NO_ENDPOINTS, /* no usable endpoint anywhere */
+	XVS_V_DROP_NO_BACKEND,   /* slot points at a missing backend */
+	XVS_V_DROP_INVALID,      /* TCP RST/out-of-state without conntrack */
+	XVS_V_DROP_REWRITE,      /* a packet rewrite helper failed */
+	XVS_V_DROP_REJECT_FAILED,/* could not build the reject reply */
+	XVS_V_MAX,
+};
+
+#endif

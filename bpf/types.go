@@ -1,0 +1,25 @@
+package bpf
+
+// Short names for the generated types; the layouts come from xvs.c's BTF
+// through bpf2go and are never written by hand.
+type (
+	SvcKey    = XvsXvsSvcKey
+	SvcValue  = XvsXvsSvcValue
+	Backend   = XvsXvsBackend
+	CtKey     = XvsXvsCtKey
+	CtEntry   = XvsXvsCtEntry
+	Stats     = XvsXvsStats
+	Verdict   = XvsXvsVerdict
+	Kind      = XvsXvsKind
+	Sched     = XvsXvsSched
+	SvcFlags  = XvsXvsSvcFlags
+	CtFlags   = XvsXvsCtFlags
+	Scope     = XvsXvsScope
+	FragKey   = XvsXvsFragKey
+	FragPorts = XvsXvsFragPorts
+)
+
+const (
+	FamilyIPv4 = 4
+	FamilyIPv6 = 6
+)

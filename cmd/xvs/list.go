@@ -1,0 +1,111 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// runList prints the pinned maps the way ipvsadm -Ln prints IPVS. It opens
+// the maps read-only: listing never changes the datapath.
+func runList(args []string) error {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
+	stats := fs.Bool("stats", false, "show connection, packet and byte counters")
+	output := fs.String("o", "text", "output format: text or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	m, err := maps.OpenPinned(*pinPath)
+	if err != nil {
+		return fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, *pinPath)
+	}
+	defer m.Close()
+	snap, err := m.Read(*stats)
+	if err != nil {
+		return err
+	}
+	switch *output {
+	case "json":
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(snap)
+	case "text":
+		printList(os.Stdout, snap, *stats)
+		return nil
+	}
+	return fmt.Errorf("unknown output format %q", *output)
+}
+
+func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
+	w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(w, "xvs (eBPF) virtual servers")
+	if stats {
+		fmt.Fprintln(w, "Prot LocalAddress:Port\tConns\tInPkts\tOutPkts\tInBytes\tOutBytes")
+		fmt.Fprintln(w, "  -> RemoteAddress:Port\t\t\t\t\t")
+	} else {
+		fmt.Fprintln(w, "Prot LocalAddress:Port Scheduler Flags")
+		fmt.Fprintln(w, "  -> RemoteAddress:Port\tForward\tWeight\tActiveConn\tInActConn")
+	}
+	for _, s := range snap.Services {
+		if stats {
+			fmt.Fprintf(w, "%-4s %s\t%d\t%d\t%d\t%d\t%d\n", s.Protocol, s.Address,
+				s.Stats.Conns, s.Stats.PacketsIn, s.Stats.PacketsOut, s.Stats.BytesIn, s.Stats.BytesOut)
+			for _, b := range s.Backends {
+				fmt.Fprintf(w, "  -> %s\t%d\t%d\t%d\t%d\t%d\n", b.Address,
+					b.Stats.Conns, b.Stats.PacketsIn, b.Stats.PacketsOut, b.Stats.BytesIn, b.Stats.BytesOut)
+			}
+			continue
+		}
+		line := fmt.Sprintf("%-4s %s %s", s.Protocol, s.Address, s.Scheduler)
+		if s.Affinity > 0 {
+			line += fmt.Sprintf(" persistent %d", s.Affinity)
+		}
+		flags := slices.DeleteFunc(slices.Clone(s.Flags), func(f string) bool { return f == "persistent" })
+		if len(flags) > 0 {
+			line += fmt.Sprintf(" (%s", s.Kind)
+			for _, f := range flags {
+				line += "," + f
+			}
+			line += ")"
+		} else {
+			line += fmt.Sprintf(" (%s)", s.Kind)
+		}
+		fmt.Fprintln(w, line)
+		for _, b := range s.Backends {
+			fmt.Fprintf(w, "  -> %s\tMasq\t%d\t%d\t%d\n", b.Address, b.Weight, b.ActiveConns, b.InactiveConns)
+		}
+	}
+	if stats && len(snap.Verdicts) > 0 {
+		fmt.Fprintln(w, "\nVerdict\tPackets\tBytes\t\t\t")
+		names := make([]string, 0, len(snap.Verdicts))
+		for n := range snap.Verdicts {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			v := snap.Verdicts[n]
+			fmt.Fprintf(w, "%s\t%d\t%d\t\t\t\n", n, v.PacketsIn, v.BytesIn)
+		}
+	}
+	for _, o := range snap.Orphans {
+		fmt.Fprintf(w, "! %s\n", o)
+	}
+	w.Flush()
+}
+
+func runCleanup(args []string) error {
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return loader.Cleanup(*pinPath)
+}

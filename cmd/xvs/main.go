@@ -1,0 +1,57 @@
+// Command xvs is the eXpress Virtual Server: an eBPF Kubernetes Service
+// proxy that replaces kube-proxy's IPVS mode.
+//
+//	xvs agent     run the proxy (Kubernetes API or a directory of manifests)
+//	xvs list      show what is programmed, like ipvsadm -Ln
+//	xvs cleanup   detach and remove every xvs program, link and map
+//	xvs demo      a self-contained demo in network namespaces
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+type command struct {
+	name, summary string
+	run           func(args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"agent", "run the proxy", runAgent},
+		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
+		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
+		{"demo", "build a node in network namespaces and send traffic to a VIP", runDemo},
+	}
+}
+
+func usage() {
+	fmt.Fprintf(os.Stderr, "usage: xvs <command> [flags]\n\ncommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", c.name, c.summary)
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	for _, c := range commands() {
+		if c.name == os.Args[1] {
+			if err := c.run(os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "xvs %s: %v\n", c.name, err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	if os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		return
+	}
+	fmt.Fprintf(os.Stderr, "xvs: unknown command %q\n", os.Args[1])
+	usage()
+	os.Exit(2)
+}

@@ -1,0 +1,209 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// AttachMode says how the tc program is attached to a device.
+type AttachMode string
+
+const (
+	// AttachAuto uses TCX where the kernel has it (6.6+) and a clsact
+	// qdisc with a direct-action filter where it does not.
+	AttachAuto AttachMode = "auto"
+	// AttachTCX insists on TCX links.
+	AttachTCX AttachMode = "tcx"
+	// AttachLegacy uses netlink clsact filters even where TCX exists.
+	AttachLegacy AttachMode = "legacy"
+)
+
+// legacyFilterName marks our clsact filters, so that cleanup removes only
+// what xvs attached.
+const legacyFilterName = "xvs_tc_ingress"
+
+// legacyPriority and legacyHandle fix our filter's place, so that attaching
+// again replaces the program atomically instead of adding a second filter.
+const (
+	legacyPriority = 1
+	legacyHandle   = 0x1
+)
+
+// Attachment describes how a device is attached.
+type Attachment struct {
+	Device string
+	Mode   AttachMode // AttachTCX or AttachLegacy
+}
+
+func (o *Objects) linkPin(dev string) string {
+	return filepath.Join(o.cfg.PinPath, "links", dev)
+}
+
+// Attach puts the tc ingress program on dev. When the device already
+// carries an xvs program (a pinned TCX link, or our clsact filter), the
+// program is swapped under the live attachment: no packet sees a device
+// without a program, and conntrack stays as it is.
+func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
+	nl, err := netlink.LinkByName(dev)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("device %s: %w", dev, err)
+	}
+	ifindex := nl.Attrs().Index
+	if mode != AttachLegacy {
+		a, err := o.attachTCX(dev, ifindex)
+		if err == nil {
+			return a, nil
+		}
+		if mode == AttachTCX || !errors.Is(err, ebpf.ErrNotSupported) {
+			return Attachment{}, err
+		}
+	}
+	if err := o.attachLegacy(nl); err != nil {
+		return Attachment{}, err
+	}
+	return Attachment{Device: dev, Mode: AttachLegacy}, nil
+}
+
+func (o *Objects) attachTCX(dev string, ifindex int) (Attachment, error) {
+	pin := o.linkPin(dev)
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+			err := l.Update(o.XvsTcIngress)
+			l.Close()
+			if err != nil {
+				return Attachment{}, fmt.Errorf("replace program on %s: %w", dev, err)
+			}
+			return Attachment{Device: dev, Mode: AttachTCX}, nil
+		}
+		// A pin left by a device that went away (or was recreated under
+		// the same name): drop it and attach afresh.
+		l.Unpin()
+		l.Close()
+	}
+	l, err := link.AttachTCX(link.TCXOptions{
+		Interface: ifindex,
+		Program:   o.XvsTcIngress,
+		Attach:    ebpf.AttachTCXIngress,
+	})
+	if err != nil {
+		return Attachment{}, fmt.Errorf("attach tcx to %s: %w", dev, err)
+	}
+	defer l.Close()
+	if err := os.MkdirAll(filepath.Dir(pin), 0o755); err != nil {
+		return Attachment{}, err
+	}
+	if err := l.Pin(pin); err != nil {
+		return Attachment{}, fmt.Errorf("pin link of %s: %w", dev, err)
+	}
+	return Attachment{Device: dev, Mode: AttachTCX}, nil
+}
+
+func (o *Objects) attachLegacy(nl netlink.Link) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: nl.Attrs().Index,
+			Handle:    netlink.MakeHandle(0xffff, 0),
+			Parent:    netlink.HANDLE_CLSACT,
+		},
+		QdiscType: "clsact",
+	}
+	if err := netlink.QdiscReplace(qdisc); err != nil {
+		return fmt.Errorf("clsact on %s: %w", nl.Attrs().Name, err)
+	}
+	filter := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: nl.Attrs().Index,
+			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Handle:    legacyHandle,
+			Priority:  legacyPriority,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           o.XvsTcIngress.FD(),
+		Name:         legacyFilterName,
+		DirectAction: true,
+	}
+	if err := netlink.FilterReplace(filter); err != nil {
+		return fmt.Errorf("tc filter on %s: %w", nl.Attrs().Name, err)
+	}
+	return nil
+}
+
+// Detach removes xvs's program from dev, whichever way it was attached.
+func Detach(pinPath, dev string) error {
+	var errs []error
+	pin := filepath.Join(pinPath, "links", dev)
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		errs = append(errs, l.Unpin(), l.Close())
+	}
+	if nl, err := netlink.LinkByName(dev); err == nil {
+		errs = append(errs, detachLegacy(nl))
+	}
+	return errors.Join(errs...)
+}
+
+func detachLegacy(nl netlink.Link) error {
+	filters, err := netlink.FilterList(nl, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return nil // no clsact qdisc: nothing of ours
+	}
+	for _, f := range filters {
+		bf, ok := f.(*netlink.BpfFilter)
+		if !ok || !strings.HasPrefix(bf.Name, legacyFilterName) {
+			continue
+		}
+		if err := netlink.FilterDel(bf); err != nil {
+			return fmt.Errorf("remove tc filter from %s: %w", nl.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// Attached lists the devices that carry an xvs program: pinned TCX links
+// and clsact filters of ours.
+func Attached(pinPath string) ([]Attachment, error) {
+	var out []Attachment
+	entries, _ := os.ReadDir(filepath.Join(pinPath, "links"))
+	for _, e := range entries {
+		out = append(out, Attachment{Device: e.Name(), Mode: AttachTCX})
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return out, fmt.Errorf("list links: %w", err)
+	}
+	for _, nl := range links {
+		filters, err := netlink.FilterList(nl, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			continue
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, legacyFilterName) {
+				out = append(out, Attachment{Device: nl.Attrs().Name, Mode: AttachLegacy})
+			}
+		}
+	}
+	return out, nil
+}
+
+// Cleanup detaches xvs from every device and removes all its pins: the
+// programs stop, and the maps are freed once nothing holds them.
+func Cleanup(pinPath string) error {
+	var errs []error
+	atts, err := Attached(pinPath)
+	errs = append(errs, err)
+	for _, a := range atts {
+		errs = append(errs, Detach(pinPath, a.Device))
+	}
+	if err := os.RemoveAll(pinPath); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", pinPath, err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,175 @@
+// Package loader loads the xvs BPF objects, pins them under the bpffs pin
+// path, attaches the tc program to the node's devices and removes it all
+// again. It never logs: every failure is a wrapped error.
+//
+// Pinned paths (PinPath defaults to /sys/fs/bpf/xvs):
+//
+//	PinPath/xvs_services       service slots: (frontend, scope, slot) -> count/flags or backend ID
+//	PinPath/xvs_backends       backend ID -> address, port, flags
+//	PinPath/xvs_conntrack      LRU conntrack, one entry per flow direction
+//	PinPath/xvs_fragments      IPv4 fragment tracking (first fragment's ports)
+//	PinPath/xvs_svc_stats      per-CPU counters by service (frontend) ID
+//	PinPath/xvs_backend_stats  per-CPU counters by backend ID
+//	PinPath/xvs_verdicts       per-CPU counters by verdict
+//	PinPath/progs/tc_ingress   the running tc program (for bpftool and legacy tc)
+//	PinPath/links/<ifname>     the TCX link of each attached device
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+)
+
+// DefaultPinPath is where xvs keeps its pinned state.
+const DefaultPinPath = "/sys/fs/bpf/xvs"
+
+// Config sizes the maps and sets the program's load-time knobs.
+type Config struct {
+	// PinPath is the bpffs directory for maps, programs and links.
+	PinPath string
+	// MaxServiceSlots bounds the service map: one entry per frontend and
+	// scope for slot 0 plus one per backend slot.
+	MaxServiceSlots uint32
+	// MaxServices bounds service (frontend) IDs, the size of the per-service
+	// counter array.
+	MaxServices uint32
+	// MaxBackends bounds backend IDs.
+	MaxBackends uint32
+	// ConntrackSize is the number of conntrack entries (two per flow).
+	ConntrackSize uint32
+	// DisableRevNAT is a fault-injection knob for conformance tests that
+	// show a broken datapath gets caught. Never set it in production.
+	DisableRevNAT bool
+}
+
+// DefaultConfig returns sizes fit for a node with tens of thousands of
+// Services.
+func DefaultConfig() Config {
+	return Config{
+		PinPath:         DefaultPinPath,
+		MaxServiceSlots: 1 << 18,
+		MaxServices:     1 << 16,
+		MaxBackends:     1 << 18,
+		ConntrackSize:   1 << 19,
+	}
+}
+
+func (c Config) validate() error {
+	if c.PinPath == "" {
+		return errors.New("pin path is empty")
+	}
+	for name, v := range map[string]uint32{
+		"max service slots": c.MaxServiceSlots, "max services": c.MaxServices,
+		"max backends": c.MaxBackends, "conntrack size": c.ConntrackSize,
+	} {
+		if v < 2 {
+			return fmt.Errorf("%s must be at least 2, got %d", name, v)
+		}
+	}
+	return nil
+}
+
+// Objects are the loaded programs and maps.
+type Objects struct {
+	xbpf.XvsObjects
+	cfg Config
+}
+
+// Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so
+// that services, backends and conntrack survive agent restarts and program
+// upgrades. A pinned map whose layout no longer matches is an error: the
+// operator decides (xvs cleanup) rather than the agent silently dropping
+// every connection.
+func Load(cfg Config) (*Objects, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("loader config: %w", err)
+	}
+	if err := EnsureBPFFS(filepath.Dir(cfg.PinPath)); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.PinPath, 0o755); err != nil {
+		return nil, fmt.Errorf("create pin path: %w", err)
+	}
+	spec, err := xbpf.LoadXvs()
+	if err != nil {
+		return nil, fmt.Errorf("load spec: %w", err)
+	}
+	for name, size := range map[string]uint32{
+		xbpf.XvsMapXvsServices:     cfg.MaxServiceSlots,
+		xbpf.XvsMapXvsBackends:     cfg.MaxBackends,
+		xbpf.XvsMapXvsBackendStats: cfg.MaxBackends,
+		xbpf.XvsMapXvsSvcStats:     cfg.MaxServices,
+		xbpf.XvsMapXvsConntrack:    cfg.ConntrackSize,
+	} {
+		spec.Maps[name].MaxEntries = size
+	}
+	if cfg.DisableRevNAT {
+		if err := spec.Variables[xbpf.XvsVarCfgRevNat].Set(uint8(0)); err != nil {
+			return nil, fmt.Errorf("set rev nat knob: %w", err)
+		}
+	}
+
+	var objs Objects
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}
+	if err := spec.LoadAndAssign(&objs.XvsObjects, opts); err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("load programs: %+v", verr)
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("pinned maps under %s do not match this build (run `xvs cleanup` to start afresh): %w", cfg.PinPath, err)
+		}
+		return nil, fmt.Errorf("load objects: %w", err)
+	}
+	objs.cfg = cfg
+	if err := objs.pinProgram(); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	return &objs, nil
+}
+
+// pinProgram replaces the pinned program with the one just loaded, so that
+// bpftool and legacy tc always see the running version.
+func (o *Objects) pinProgram() error {
+	dir := filepath.Join(o.cfg.PinPath, "progs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, "tc_ingress")
+	tmp := path + "_new" // bpffs reserves names with dots
+	_ = os.Remove(tmp)
+	if err := o.XvsTcIngress.Pin(tmp); err != nil {
+		return fmt.Errorf("pin program: %w", err)
+	}
+	// rename(2) on bpffs is atomic, so the path never goes missing.
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("pin program: %w", err)
+	}
+	return nil
+}
+
+// Config returns the configuration the objects were loaded with.
+func (o *Objects) Config() Config { return o.cfg }
+
+// EnsureBPFFS mounts bpffs at dir unless one is already there.
+func EnsureBPFFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,50 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// batchChunk bounds one batch syscall, so that a full sync of 100k
+// services does not build one enormous kernel copy.
+const batchChunk = 4096
+
+// updateMany writes keys[i] -> vals[i] with batch syscalls where the
+// kernel has them and one update per element where it does not.
+func updateMany[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	for len(keys) > 0 {
+		n := min(len(keys), batchChunk)
+		_, err := m.BatchUpdate(keys[:n], vals[:n], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			for i := range n {
+				if err := m.Update(&keys[i], &vals[i], ebpf.UpdateAny); err != nil {
+					return fmt.Errorf("update %s: %w", m, err)
+				}
+			}
+		} else if err != nil {
+			return fmt.Errorf("batch update %s: %w", m, err)
+		}
+		keys, vals = keys[n:], vals[n:]
+	}
+	return nil
+}
+
+// deleteMany removes keys; keys already gone are not an error.
+func deleteMany[K any](m *ebpf.Map, keys []K) error {
+	for len(keys) > 0 {
+		n := min(len(keys), batchChunk)
+		_, err := m.BatchDelete(keys[:n], nil)
+		if err != nil {
+			// A batch stops at the first missing key: finish one by one.
+			for i := range n {
+				if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return fmt.Errorf("delete from %s: %w", m, err)
+				}
+			}
+		}
+		keys = keys[n:]
+	}
+	return nil
+}

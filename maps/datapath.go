@@ -1,0 +1,452 @@
+package maps
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Config sizes the ID spaces; it must match the loaded maps.
+type Config struct {
+	MaxServices uint32
+	MaxBackends uint32
+}
+
+// Datapath realises a model.State in the BPF maps (model.Datapath).
+//
+// Each Sync diffs the desired services against what it applied last, by
+// *model.ServicePort pointer (the controller reuses the pointers of
+// unchanged services), so a sync costs O(changed services). Writes follow
+// the commit protocol: backends, then slots 1..N, then slot 0, then deletes;
+// a packet therefore never sees a slot 0 whose slots are not written yet.
+type Datapath struct {
+	m          *Maps
+	svcIDs     *idAlloc[frontendKey]
+	groupIDs   *idAlloc[model.ServicePortName]
+	backendIDs *idAlloc[backendKey]
+
+	applied     map[model.ServicePortName]*appliedService
+	owners      map[frontendKey]model.ServicePortName
+	counts      map[frontendKey]slotCounts
+	backendRefs map[backendKey]int
+	backends    map[backendKey]xbpf.Backend
+
+	// recovered holds group IDs read back from the maps at start, until
+	// the first sync hands them to the ServicePorts that own the frontends.
+	recovered map[frontendKey]uint32
+	fullSync  bool
+	problems  []string
+}
+
+// slotCounts records what a frontend has in the map: slot counts per
+// scope, and whether a short-circuit head (scope 1) exists.
+type slotCounts struct {
+	n            [2]uint16
+	shortCircuit bool
+}
+
+type appliedService struct {
+	sp        *model.ServicePort
+	frontends []frontendKey
+	backends  []backendKey
+}
+
+// NewDatapath takes over the maps, recovering service, group and backend
+// IDs from their content so that IDs (and the counters they index) stay
+// stable across agent restarts. The first Sync is a full reconcile that
+// removes whatever the maps hold beyond the desired state.
+func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
+	d := &Datapath{
+		m:           m,
+		svcIDs:      newIDAlloc[frontendKey](cfg.MaxServices),
+		groupIDs:    newIDAlloc[model.ServicePortName](cfg.MaxServices),
+		backendIDs:  newIDAlloc[backendKey](cfg.MaxBackends),
+		applied:     map[model.ServicePortName]*appliedService{},
+		owners:      map[frontendKey]model.ServicePortName{},
+		counts:      map[frontendKey]slotCounts{},
+		backendRefs: map[backendKey]int{},
+		backends:    map[backendKey]xbpf.Backend{},
+		recovered:   map[frontendKey]uint32{},
+		fullSync:    true,
+	}
+	if err := d.recover(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Datapath) recover() error {
+	var k xbpf.SvcKey
+	var v xbpf.SvcValue
+	it := d.m.Services.Iterate()
+	for it.Next(&k, &v) {
+		fk := frontendOf(k)
+		if k.Slot == 0 {
+			d.svcIDs.restore(fk, v.SvcId)
+			d.recovered[fk] = v.GroupId
+			if k.Scope < 2 {
+				c := d.counts[fk]
+				c.n[k.Scope] = v.Count
+				c.shortCircuit = c.shortCircuit || k.Scope == 1
+				d.counts[fk] = c
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read services map: %w", err)
+	}
+	var id uint32
+	var b xbpf.Backend
+	bit := d.m.Backends.Iterate()
+	for bit.Next(&id, &b) {
+		bk := backendKey{addr: decodeAddr(b.Addr, b.Family), port: ntohs(b.Port)}
+		d.backendIDs.restore(bk, id)
+		d.backends[bk] = b
+	}
+	if err := bit.Err(); err != nil {
+		return fmt.Errorf("read backends map: %w", err)
+	}
+	return nil
+}
+
+func (d *Datapath) Mode() string { return "ebpf" }
+
+// Problems lists what the last sync could not program as asked: frontends
+// claimed by more than one ServicePort (the first in name order keeps it),
+// schedulers the datapath does not have.
+func (d *Datapath) Problems() []string { return d.problems }
+
+// writeSet collects one sync's map operations in commit order.
+type writeSet struct {
+	backendKeys []uint32
+	backendVals []xbpf.Backend
+	slotKeys    []xbpf.SvcKey
+	slotVals    []xbpf.SvcValue
+	headKeys    []xbpf.SvcKey
+	headVals    []xbpf.SvcValue
+	delSlots    []xbpf.SvcKey // heads of removed frontends first, then slots
+	delBackends []uint32
+	freshSvcs   []uint32
+	freshBEs    []uint32
+}
+
+// Sync makes the maps match st.
+func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var changed []model.ServicePortName
+	for name, sp := range st.Services {
+		if a, ok := d.applied[name]; d.fullSync || !ok || a.sp != sp {
+			changed = append(changed, name)
+		}
+	}
+	// Name order makes frontend conflicts resolve the same way every time.
+	slices.SortFunc(changed, cmpName)
+
+	released := map[frontendKey]bool{}
+	for name, a := range d.applied {
+		if sp, ok := st.Services[name]; ok && sp == a.sp && !d.fullSync {
+			continue
+		}
+		d.release(name, a, released)
+	}
+
+	ws := &writeSet{}
+	d.problems = nil
+	for _, name := range changed {
+		if err := d.plan(name, st.Services[name], ws, released); err != nil {
+			return err
+		}
+	}
+	if d.fullSync {
+		// Anything the maps hold that nobody wants is stale (a service
+		// deleted while the agent was down).
+		for fk := range d.counts {
+			if _, ok := d.owners[fk]; !ok {
+				released[fk] = true
+			}
+		}
+		// Give recovered backends a (zero) reference count, so that the
+		// sweep below deletes those nobody uses.
+		for bk := range d.backends {
+			d.backendRefs[bk] += 0
+		}
+	}
+	for fk := range released {
+		if _, ok := d.owners[fk]; ok {
+			continue // re-claimed in this sync
+		}
+		d.dropFrontend(fk, ws)
+	}
+	for bk, n := range d.backendRefs {
+		if n > 0 {
+			continue
+		}
+		delete(d.backendRefs, bk)
+		if id, ok := d.backendIDs.lookup(bk); ok {
+			ws.delBackends = append(ws.delBackends, id)
+			d.backendIDs.release(bk)
+		}
+		delete(d.backends, bk)
+	}
+	if err := d.commit(ws); err != nil {
+		d.fullSync = true
+		return err
+	}
+	d.fullSync = false
+	clear(d.recovered)
+	return nil
+}
+
+// release forgets what a ServicePort applied: its frontends become
+// candidates for deletion, its backend references drop.
+func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[frontendKey]bool) {
+	for _, fk := range a.frontends {
+		if d.owners[fk] == name {
+			delete(d.owners, fk)
+			released[fk] = true
+		}
+	}
+	for _, bk := range a.backends {
+		d.backendRefs[bk]--
+	}
+	delete(d.applied, name)
+}
+
+// plan computes the entries of one ServicePort.
+func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
+	a := &appliedService{sp: sp}
+	d.applied[name] = a
+	if sp == nil {
+		return nil
+	}
+	sched, err := SchedulerByName(sp.Scheduler)
+	if err != nil {
+		// One bad annotation must not stop the other services.
+		d.problems = append(d.problems, fmt.Sprintf("%s: %v; using random", name, err))
+	}
+	groupID, err := d.groupID(name, sp)
+	if err != nil {
+		return fmt.Errorf("service %s: group id: %w", name, err)
+	}
+	for _, f := range sp.Frontends {
+		fk := keyOf(f)
+		if owner, ok := d.owners[fk]; ok && owner != name {
+			d.problems = append(d.problems, fmt.Sprintf("%s %s is already served by %s", name, f, owner))
+			continue
+		}
+		if slices.Contains(a.frontends, fk) {
+			continue // the same address listed twice
+		}
+		svcID, fresh, err := d.svcIDs.get(fk)
+		if err != nil {
+			return fmt.Errorf("service %s: service id: %w", name, err)
+		}
+		if fresh {
+			ws.freshSvcs = append(ws.freshSvcs, svcID)
+		}
+		d.owners[fk] = name
+		delete(released, fk)
+		a.frontends = append(a.frontends, fk)
+
+		head := xbpf.SvcValue{
+			SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind),
+		}
+		if sp.HasEndpoints {
+			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
+		}
+		if sp.Affinity.ClientIP {
+			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY)
+			head.AffinityTimeout = sp.Affinity.TimeoutSeconds
+		}
+		if f.Kind == model.LoadBalancer && len(sp.SourceRanges) > 0 {
+			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES)
+		}
+		if (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal) {
+			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
+		}
+		sets := [2][]model.Endpoint{sp.EndpointsFor(f.Kind)}
+		if f.Kind.External() && sp.ExternalLocal {
+			// Pods and the host short-circuit to the cluster set.
+			sets[1] = sp.ClusterEndpoints
+			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT)
+		}
+		var written slotCounts
+		for scope, eps := range sets {
+			if scope == int(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) && head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT) == 0 {
+				continue
+			}
+			n, err := d.planSlots(fk, uint8(scope), eps, svcID, a, ws)
+			if err != nil {
+				return fmt.Errorf("service %s: %w", name, err)
+			}
+			h := head
+			h.Count = n
+			ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
+			ws.headVals = append(ws.headVals, h)
+			written.n[scope] = n
+			written.shortCircuit = written.shortCircuit || scope == 1
+		}
+		d.dropStaleSlots(fk, written, ws)
+	}
+	return nil
+}
+
+func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, svcID uint32, a *appliedService, ws *writeSet) (uint16, error) {
+	if len(eps) > 0xffff-1 {
+		return 0, fmt.Errorf("%d endpoints exceed the slot limit", len(eps))
+	}
+	var n uint16
+	for _, ep := range eps {
+		if ep.Addr.Unmap().Is4() != fk.addr.Is4() {
+			continue // a frontend only balances to its own family
+		}
+		bk := backendKey{addr: ep.Addr.Unmap(), port: ep.Port}
+		id, err := d.backend(bk, ep, ws)
+		if err != nil {
+			return 0, err
+		}
+		a.backends = append(a.backends, bk)
+		d.backendRefs[bk]++
+		n++
+		ws.slotKeys = append(ws.slotKeys, fk.svcKey(scope, n))
+		ws.slotVals = append(ws.slotVals, xbpf.SvcValue{BackendId: id, SvcId: svcID})
+	}
+	return n, nil
+}
+
+// backend returns bk's ID, queueing a write when the backend is new or its
+// attributes changed.
+func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
+	id, fresh, err := d.backendIDs.get(bk)
+	if err != nil {
+		return 0, fmt.Errorf("backend %s: %w", bk, err)
+	}
+	if fresh {
+		ws.freshBEs = append(ws.freshBEs, id)
+	}
+	addr, fam := encodeAddr(bk.addr)
+	want := xbpf.Backend{Addr: addr, Port: htons(bk.port), Family: fam, Weight: max(ep.Weight, 1)}
+	if ep.Local {
+		want.Flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL)
+	}
+	if have, ok := d.backends[bk]; !ok || have != want {
+		d.backends[bk] = want
+		ws.backendKeys = append(ws.backendKeys, id)
+		ws.backendVals = append(ws.backendVals, want)
+	}
+	return id, nil
+}
+
+// groupID keeps a ServicePort's affinity group stable, taking it over from
+// the maps after a restart.
+func (d *Datapath) groupID(name model.ServicePortName, sp *model.ServicePort) (uint32, error) {
+	if id, ok := d.groupIDs.lookup(name); ok {
+		return id, nil
+	}
+	for _, f := range sp.Frontends {
+		if gid, ok := d.recovered[keyOf(f)]; ok && gid != 0 {
+			if _, taken := d.groupIDs.used[gid]; !taken {
+				d.groupIDs.restore(name, gid)
+				return gid, nil
+			}
+		}
+	}
+	id, _, err := d.groupIDs.get(name)
+	return id, err
+}
+
+// dropStaleSlots deletes slots beyond the new counts, after slot 0 shrank.
+func (d *Datapath) dropStaleSlots(fk frontendKey, written slotCounts, ws *writeSet) {
+	old := d.counts[fk]
+	if old.shortCircuit && !written.shortCircuit {
+		ws.delSlots = append(ws.delSlots, fk.svcKey(1, 0))
+	}
+	for scope := range 2 {
+		for s := written.n[scope] + 1; s <= old.n[scope]; s++ {
+			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
+		}
+	}
+	d.counts[fk] = written
+}
+
+// dropFrontend deletes a frontend: heads first, so packets stop finding it
+// before its slots go.
+func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
+	old := d.counts[fk]
+	ws.delSlots = append(ws.delSlots, fk.svcKey(0, 0))
+	if old.shortCircuit {
+		ws.delSlots = append(ws.delSlots, fk.svcKey(1, 0))
+	}
+	for scope := range 2 {
+		for s := uint16(1); s <= old.n[scope]; s++ {
+			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
+		}
+	}
+	delete(d.counts, fk)
+	d.svcIDs.release(fk)
+}
+
+func (d *Datapath) commit(ws *writeSet) error {
+	if err := d.resetStats(d.m.SvcStats, ws.freshSvcs); err != nil {
+		return err
+	}
+	if err := d.resetStats(d.m.BackendStats, ws.freshBEs); err != nil {
+		return err
+	}
+	if err := updateMany(d.m.Backends, ws.backendKeys, ws.backendVals); err != nil {
+		return err
+	}
+	if err := updateMany(d.m.Services, ws.slotKeys, ws.slotVals); err != nil {
+		return err
+	}
+	if err := updateMany(d.m.Services, ws.headKeys, ws.headVals); err != nil {
+		return err
+	}
+	if err := deleteMany(d.m.Services, ws.delSlots); err != nil {
+		return err
+	}
+	return deleteMany(d.m.Backends, ws.delBackends)
+}
+
+// resetStats zeroes the counters of freshly allocated IDs, which may hold
+// the figures of a previous owner.
+func (d *Datapath) resetStats(m *ebpf.Map, ids []uint32) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("possible cpus: %w", err)
+	}
+	zero := make([]xbpf.Stats, ncpu)
+	for _, id := range ids {
+		if err := m.Update(&id, zero, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("reset counters %d in %s: %w", id, m, err)
+		}
+	}
+	return nil
+}
+
+func kindOf(k model.FrontendKind) uint8 {
+	switch k {
+	case model.NodePort:
+		return uint8(xbpf.XvsXvsKindXVS_KIND_NODE_PORT)
+	case model.ExternalIP:
+		return uint8(xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP)
+	case model.LoadBalancer:
+		return uint8(xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER)
+	}
+	return uint8(xbpf.XvsXvsKindXVS_KIND_CLUSTER_IP)
+}
+
+func cmpName(a, b model.ServicePortName) int {
+	return strings.Compare(a.String(), b.String())
+}

@@ -1,0 +1,260 @@
+package maps
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Snapshot is a read-only view of what is programmed, joined from the
+// service, backend and counter maps: the ipvsadm -Ln of xvs.
+type Snapshot struct {
+	Services []ServiceView         `json:"services"`
+	Verdicts map[string]xbpf.Stats `json:"verdicts,omitempty"`
+	Orphans  []string              `json:"orphans,omitempty"`
+}
+
+// ServiceView is one frontend (an IPVS virtual server).
+type ServiceView struct {
+	Protocol  string         `json:"protocol"`
+	Address   netip.AddrPort `json:"address"`
+	Kind      string         `json:"kind"`
+	Scheduler string         `json:"scheduler"`
+	ID        uint32         `json:"id"`
+	Group     uint32         `json:"group"`
+	Flags     []string       `json:"flags,omitempty"`
+	Affinity  uint32         `json:"affinityTimeoutSeconds,omitempty"`
+	Backends  []BackendView  `json:"backends"`
+	// ShortCircuit lists the cluster-wide set used by pod and host
+	// sources of an externalTrafficPolicy=Local frontend.
+	ShortCircuit []BackendView `json:"shortCircuit,omitempty"`
+	Stats        xbpf.Stats    `json:"stats"`
+}
+
+// BackendView is one backend of a frontend (an IPVS real server).
+type BackendView struct {
+	Address netip.AddrPort `json:"address"`
+	ID      uint32         `json:"id"`
+	Local   bool           `json:"local"`
+	Weight  uint16         `json:"weight"`
+	// ActiveConns and InactiveConns count live conntrack entries as IPVS
+	// does: established TCP flows are active, everything else inactive.
+	ActiveConns   int        `json:"activeConns"`
+	InactiveConns int        `json:"inactiveConns"`
+	Stats         xbpf.Stats `json:"stats"`
+}
+
+var verdictNames = map[xbpf.Verdict]string{
+	xbpf.XvsXvsVerdictXVS_V_PASS:                "pass",
+	xbpf.XvsXvsVerdictXVS_V_FWD_NEW:             "forward_new",
+	xbpf.XvsXvsVerdictXVS_V_FWD_ESTABLISHED:     "forward_established",
+	xbpf.XvsXvsVerdictXVS_V_REPLY:               "reply",
+	xbpf.XvsXvsVerdictXVS_V_PASS_MALFORMED:      "pass_malformed",
+	xbpf.XvsXvsVerdictXVS_V_PASS_FRAGMENT:       "pass_fragment",
+	xbpf.XvsXvsVerdictXVS_V_DROP_NO_LOCAL:       "drop_no_local_endpoints",
+	xbpf.XvsXvsVerdictXVS_V_REJECT_NO_ENDPOINTS: "reject_no_endpoints",
+	xbpf.XvsXvsVerdictXVS_V_DROP_NO_BACKEND:     "drop_no_backend",
+	xbpf.XvsXvsVerdictXVS_V_DROP_INVALID:        "drop_invalid",
+	xbpf.XvsXvsVerdictXVS_V_DROP_REWRITE:        "drop_rewrite_failed",
+	xbpf.XvsXvsVerdictXVS_V_DROP_REJECT_FAILED:  "drop_reject_failed",
+}
+
+// VerdictName is the metric/listing name of a verdict.
+func VerdictName(v xbpf.Verdict) string {
+	if n, ok := verdictNames[v]; ok {
+		return n
+	}
+	return fmt.Sprintf("verdict_%d", v)
+}
+
+// Read builds a Snapshot; withStats adds the per-CPU counters, summed.
+func (m *Maps) Read(withStats bool) (*Snapshot, error) {
+	backends := map[uint32]xbpf.Backend{}
+	var id uint32
+	var b xbpf.Backend
+	bit := m.Backends.Iterate()
+	for bit.Next(&id, &b) {
+		backends[id] = b
+	}
+	if err := bit.Err(); err != nil {
+		return nil, fmt.Errorf("read backends: %w", err)
+	}
+
+	type slotRef struct {
+		fk    frontendKey
+		scope uint8
+	}
+	heads := map[slotRef]xbpf.SvcValue{}
+	slots := map[slotRef]map[uint16]uint32{}
+	var k xbpf.SvcKey
+	var v xbpf.SvcValue
+	it := m.Services.Iterate()
+	for it.Next(&k, &v) {
+		ref := slotRef{frontendOf(k), k.Scope}
+		if k.Slot == 0 {
+			heads[ref] = v
+			continue
+		}
+		if slots[ref] == nil {
+			slots[ref] = map[uint16]uint32{}
+		}
+		slots[ref][k.Slot] = v.BackendId
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read services: %w", err)
+	}
+
+	conns, err := m.connCounts()
+	if err != nil {
+		return nil, err
+	}
+	snap := &Snapshot{}
+	view := func(ref slotRef, head xbpf.SvcValue) []BackendView {
+		var out []BackendView
+		for s := uint16(1); s <= head.Count; s++ {
+			bid, ok := slots[ref][s]
+			be, found := backends[bid]
+			if !ok || !found {
+				snap.Orphans = append(snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.proto, netip.AddrPortFrom(ref.fk.addr, ref.fk.port), s))
+				continue
+			}
+			bv := BackendView{
+				Address: netip.AddrPortFrom(decodeAddr(be.Addr, be.Family), ntohs(be.Port)),
+				ID:      bid, Weight: be.Weight,
+				Local: be.Flags&uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL) != 0,
+			}
+			c := conns[[2]uint32{head.SvcId, bid}]
+			bv.ActiveConns, bv.InactiveConns = c[0], c[1]
+			if withStats {
+				bv.Stats, _ = sumStats(m.BackendStats, bid)
+			}
+			out = append(out, bv)
+		}
+		return out
+	}
+	for ref, head := range heads {
+		if ref.scope != 0 {
+			continue
+		}
+		sv := ServiceView{
+			Protocol:  ref.fk.proto.String(),
+			Address:   netip.AddrPortFrom(ref.fk.addr, ref.fk.port),
+			Kind:      model.FrontendKind(kindFromMap(head.Kind)).String(),
+			Scheduler: SchedulerName(xbpf.Sched(head.Sched)),
+			ID:        head.SvcId,
+			Group:     head.GroupId,
+			Flags:     flagNames(head.Flags),
+			Backends:  view(ref, head),
+		}
+		if head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY) != 0 {
+			sv.Affinity = head.AffinityTimeout
+		}
+		sc := slotRef{ref.fk, 1}
+		if h, ok := heads[sc]; ok {
+			sv.ShortCircuit = view(sc, h)
+		}
+		if withStats {
+			sv.Stats, _ = sumStats(m.SvcStats, head.SvcId)
+		}
+		snap.Services = append(snap.Services, sv)
+	}
+	slices.SortFunc(snap.Services, func(a, b ServiceView) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Address.Compare(b.Address))
+	})
+	if withStats {
+		snap.Verdicts = map[string]xbpf.Stats{}
+		for v := xbpf.Verdict(0); v < xbpf.XvsXvsVerdictXVS_V_MAX; v++ {
+			s, err := sumStats(m.Verdicts, uint32(v))
+			if err != nil {
+				return nil, err
+			}
+			snap.Verdicts[VerdictName(v)] = s
+		}
+	}
+	return snap, nil
+}
+
+func kindFromMap(k uint8) uint8 {
+	switch xbpf.Kind(k) {
+	case xbpf.XvsXvsKindXVS_KIND_NODE_PORT:
+		return uint8(model.NodePort)
+	case xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP:
+		return uint8(model.ExternalIP)
+	case xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER:
+		return uint8(model.LoadBalancer)
+	}
+	return uint8(model.ClusterIP)
+}
+
+func flagNames(f uint16) []string {
+	var out []string
+	for bit, name := range map[xbpf.SvcFlags]string{
+		xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS: "has-endpoints",
+		xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL:         "local",
+		xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY:      "persistent",
+		xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES: "source-ranges",
+		xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT: "short-circuit",
+	} {
+		if f&uint16(bit) != 0 {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// sumStats adds up a per-CPU counter entry.
+func sumStats(m *ebpf.Map, id uint32) (xbpf.Stats, error) {
+	var per []xbpf.Stats
+	var sum xbpf.Stats
+	if err := m.Lookup(&id, &per); err != nil {
+		return sum, fmt.Errorf("read %s[%d]: %w", m, id, err)
+	}
+	for _, s := range per {
+		sum.Conns += s.Conns
+		sum.PacketsIn += s.PacketsIn
+		sum.PacketsOut += s.PacketsOut
+		sum.BytesIn += s.BytesIn
+		sum.BytesOut += s.BytesOut
+	}
+	return sum, nil
+}
+
+// connCounts counts live forward conntrack entries per (service, backend):
+// [0] active (established TCP), [1] inactive (anything else).
+func (m *Maps) connCounts() (map[[2]uint32][2]int, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("read clock: %w", err)
+	}
+	now := uint64(ts.Nano())
+	out := map[[2]uint32][2]int{}
+	var k xbpf.CtKey
+	var e xbpf.CtEntry
+	it := m.Conntrack.Iterate()
+	for it.Next(&k, &e) {
+		flags := xbpf.CtFlags(e.Flags)
+		if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 || e.Expires < now {
+			continue
+		}
+		c := out[[2]uint32{e.SvcId, e.BackendId}]
+		if model.Protocol(k.Proto) == model.TCP && flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY != 0 &&
+			flags&xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING == 0 {
+			c[0]++
+		} else {
+			c[1]++
+		}
+		out[[2]uint32{e.SvcId, e.BackendId}] = c
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read conntrack: %w", err)
+	}
+	return out, nil
+}
