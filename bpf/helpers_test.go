@@ -47,14 +47,12 @@ func newEnv(t testing.TB, cfg loader.Config) *env {
 		t.Fatal(err)
 	}
 	cfg.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("xvs-test-%d-%s", os.Getpid(), sanitize(t.Name())))
+	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
 	objs, err := loader.Load(cfg)
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	t.Cleanup(func() {
-		objs.Close()
-		os.RemoveAll(cfg.PinPath)
-	})
+	t.Cleanup(func() { objs.Close() })
 	m := maps.FromObjects(objs)
 	dp, err := maps.NewDatapath(m, maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {

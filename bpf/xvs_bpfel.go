@@ -20,7 +20,8 @@ type XvsXvsBackend struct {
 	Family uint8
 	Flags  uint8
 	Weight uint16
-	Pad    [2]uint8
+	Proto  uint8
+	Pad    uint8
 }
 
 type XvsXvsBackendFlags uint32

@@ -105,7 +105,7 @@ func (d *Datapath) recover() error {
 	var b xbpf.Backend
 	bit := d.m.Backends.Iterate()
 	for bit.Next(&id, &b) {
-		bk := backendKey{addr: decodeAddr(b.Addr, b.Family), port: ntohs(b.Port)}
+		bk := backendKey{addr: decodeAddr(b.Addr, b.Family), port: ntohs(b.Port), proto: model.Protocol(b.Proto)}
 		d.backendIDs.restore(bk, id)
 		d.backends[bk] = b
 	}
@@ -308,7 +308,7 @@ func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, 
 		if ep.Addr.Unmap().Is4() != fk.addr.Is4() {
 			continue // a frontend only balances to its own family
 		}
-		bk := backendKey{addr: ep.Addr.Unmap(), port: ep.Port}
+		bk := backendKey{addr: ep.Addr.Unmap(), port: ep.Port, proto: fk.proto}
 		id, err := d.backend(bk, ep, ws)
 		if err != nil {
 			return 0, err
@@ -333,7 +333,7 @@ func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint
 		ws.freshBEs = append(ws.freshBEs, id)
 	}
 	addr, fam := encodeAddr(bk.addr)
-	want := xbpf.Backend{Addr: addr, Port: htons(bk.port), Family: fam, Weight: max(ep.Weight, 1)}
+	want := xbpf.Backend{Addr: addr, Port: htons(bk.port), Family: fam, Proto: uint8(bk.proto), Weight: max(ep.Weight, 1)}
 	if ep.Local {
 		want.Flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL)
 	}

@@ -126,11 +126,15 @@ func frontendOf(k xbpf.SvcKey) frontendKey {
 	return frontendKey{addr: decodeAddr(k.Addr, k.Family), port: ntohs(k.Port), proto: model.Protocol(k.Proto)}
 }
 
-// backendKey identifies a backend: the same pod address and port is one
-// backend whichever Services use it.
+// backendKey identifies a backend: the same pod address, port and protocol
+// is one backend whichever Services use it (as an IPVS real server is one
+// address:port of one protocol).
 type backendKey struct {
-	addr netip.Addr
-	port uint16
+	addr  netip.Addr
+	port  uint16
+	proto model.Protocol
 }
 
-func (k backendKey) String() string { return netip.AddrPortFrom(k.addr, k.port).String() }
+func (k backendKey) String() string {
+	return k.proto.String() + " " + netip.AddrPortFrom(k.addr, k.port).String()
+}

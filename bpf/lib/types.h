@@ -99,7 +99,8 @@ struct xvs_backend {
 	__u8 family;
 	__u8 flags;
 	__u16 weight;
-	__u8 pad[2];
+	__u8 proto;
+	__u8 pad;
 };
 
 /* Conntrack: one entry per direction, keyed by the tuple as the packet

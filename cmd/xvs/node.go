@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// singleNode is the demo's (and the namespace tests') world: one node
+// namespace running an xvs agent, backend pods with echo servers, and an
+// external client, all with real sockets.
+type singleNode struct {
+	Lab     *lab.Lab
+	Node    *lab.Node
+	Pods    []*lab.NS
+	Client  *lab.NS
+	Dir     string // the agent's --objects directory
+	PinPath string
+	Agent   *lab.Process
+	bin     string
+}
+
+var (
+	demoVIP      = netip.MustParseAddr("172.30.0.10")
+	demoNodeIP   = netip.MustParseAddr("192.168.50.2")
+	demoClientIP = netip.MustParseAddr("192.0.2.10")
+	demoPodIPs   = []netip.Addr{
+		netip.MustParseAddr("10.244.0.11"),
+		netip.MustParseAddr("10.244.0.12"),
+		netip.MustParseAddr("10.244.0.13"),
+	}
+)
+
+const demoBackendPort = 8080
+
+// newSingleNode builds the namespaces and starts the echo servers; bin is
+// the xvs binary that will run as the agent.
+func newSingleNode(tag, bin string) (_ *singleNode, err error) {
+	prefix := lab.UniquePrefix(tag)
+	l, err := lab.New(prefix)
+	if err != nil {
+		return nil, err
+	}
+	s := &singleNode{Lab: l, bin: bin, PinPath: filepath.Join("/sys/fs/bpf", strings.TrimSuffix(prefix, "-"))}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.Dir, err = os.MkdirTemp("", prefix); err != nil {
+		return nil, err
+	}
+	if s.Node, err = l.AddNode("node", demoNodeIP); err != nil {
+		return nil, err
+	}
+	for i, ip := range demoPodIPs {
+		pod, err := l.AddPod(s.Node, fmt.Sprintf("pod%d", i+1), ip)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := lab.StartEcho(pod, netip.AddrPortFrom(ip, demoBackendPort)); err != nil {
+			return nil, err
+		}
+		s.Pods = append(s.Pods, pod)
+	}
+	if s.Client, err = l.AddClient(s.Node, "client", demoClientIP); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// manifestTmpl is a Service with a TCP and a UDP port and its EndpointSlice,
+// exactly as kubectl would take them.
+var manifestTmpl = template.Must(template.New("m").Parse(`apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: demo
+spec:
+  type: ClusterIP
+  clusterIP: {{.VIP}}
+  clusterIPs: [{{.VIP}}]
+  ports:
+  - {name: http, port: 80, targetPort: {{.Port}}, protocol: TCP}
+  - {name: dns, port: 53, targetPort: {{.Port}}, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+{{- range .Endpoints}}
+- addresses: [{{.}}]
+  nodeName: node
+  conditions: {ready: true}
+{{- end}}
+ports:
+- {name: http, port: {{.Port}}, protocol: TCP}
+- {name: dns, port: {{.Port}}, protocol: UDP}
+`))
+
+// writeService (re)writes the demo Service with the given endpoints. The
+// file is replaced by rename, so the agent never reads half a file.
+func (s *singleNode) writeService(endpoints []netip.Addr) error {
+	tmp := filepath.Join(s.Dir, ".web.yaml.tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	err = manifestTmpl.Execute(f, map[string]any{"VIP": demoVIP, "Port": demoBackendPort, "Endpoints": endpoints})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.Dir, "web.yaml"))
+}
+
+// startAgent runs `xvs agent` in the node namespace.
+func (s *singleNode) startAgent(extra ...string) error {
+	args := append([]string{"agent", "--objects", s.Dir, "--hostname-override", "node",
+		"--pin-path", s.PinPath, "--node-ip", demoNodeIP.String()}, extra...)
+	p, err := lab.Start(s.Node.NS, filepath.Join(s.Dir, "..", filepath.Base(s.Dir)+"-agent.log"), s.bin, args...)
+	if err != nil {
+		return err
+	}
+	s.Agent = p
+	return nil
+}
+
+// waitProgrammed polls the pinned maps until the VIP's TCP port lists want
+// backends, or the timeout passes.
+func (s *singleNode) waitProgrammed(want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := s.programmedBackends()
+		if err == nil && n == want {
+			return nil
+		}
+		if ended, aerr := s.Agent.Exited(); ended {
+			log, _ := os.ReadFile(s.Agent.Log)
+			return fmt.Errorf("agent exited (%v):\n%s", aerr, log)
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(s.Agent.Log)
+			return fmt.Errorf("VIP not programmed with %d backends after %v (have %d, %v); agent log:\n%s", want, timeout, n, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *singleNode) programmedBackends() (int, error) {
+	m, err := maps.OpenPinned(s.PinPath)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	snap, err := m.Read(false)
+	if err != nil {
+		return 0, err
+	}
+	for _, sv := range snap.Services {
+		if sv.Address == netip.AddrPortFrom(demoVIP, 80) && sv.Protocol == "TCP" {
+			return len(sv.Backends), nil
+		}
+	}
+	return 0, nil
+}
+
+// Close stops the agent, removes the datapath (in the node namespace) and
+// every namespace, file and pin the world created.
+func (s *singleNode) Close() error {
+	if s.Agent != nil {
+		s.Agent.Stop(5 * time.Second)
+	}
+	if s.Node != nil {
+		lab.Run(s.Node.NS, s.bin, "cleanup", "--pin-path", s.PinPath)
+	}
+	os.RemoveAll(s.PinPath)
+	err := s.Lab.Close()
+	if s.Dir != "" {
+		os.RemoveAll(s.Dir)
+		os.Remove(filepath.Join(s.Dir, "..", filepath.Base(s.Dir)+"-agent.log"))
+	}
+	return err
+}

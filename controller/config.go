@@ -1,0 +1,183 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// NodePortAddressesPrimary is the kube-proxy nodePortAddresses value meaning
+// "the node's primary IP of each family" (also our default, as in nftables).
+const NodePortAddressesPrimary = "primary"
+
+// Well-known labels and annotations read by the translation.
+const (
+	// LabelServiceProxyName selects which proxy handles a Service
+	// (kube-proxy's apis.LabelServiceProxyName; not exported by k8s.io/api).
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// AnnotationScheduler overrides Config.Scheduler for one Service.
+	AnnotationScheduler = "xvs.io/scheduler"
+
+	defaultAffinityTimeout = 10800 // seconds; v1.DefaultClientIPServiceAffinitySeconds
+	maxAffinityTimeout     = 86400 // seconds; API validation upper bound
+)
+
+// Schedulers lists the scheduler names accepted in Config.Scheduler and the
+// xvs.io/scheduler annotation: "" (uniform random, as iptables/nftables) and
+// the kernel IPVS schedulers. An unknown name in an annotation is reported
+// and the default is used, so one bad Service cannot make the datapath
+// reject the whole State.
+var Schedulers = map[string]bool{
+	"": true, "rr": true, "wrr": true, "lc": true, "wlc": true, "lblc": true,
+	"lblcr": true, "dh": true, "sh": true, "sed": true, "nq": true, "fo": true,
+	"ovf": true, "mh": true, "twos": true,
+}
+
+// Config is the node-wide configuration of the translation; the field names
+// follow KubeProxyConfiguration where one exists.
+type Config struct {
+	// NodeName is this node's name: endpoints whose nodeName equals it are
+	// local, and topology hints are matched against it.
+	NodeName string
+	// NodePortAddresses selects the NodePort addresses among the node
+	// addresses: "primary" (the first address of each family) or CIDRs.
+	// Empty means "primary", the nftables default.
+	NodePortAddresses []string
+	// ServiceProxyName: when empty, only Services without the
+	// service.kubernetes.io/service-proxy-name label are handled; when set,
+	// only those whose label equals it.
+	ServiceProxyName string
+	// Scheduler is the default scheduler of every Service ("" = random);
+	// see Schedulers.
+	Scheduler string
+	// ServiceCIDRs and PodCIDRs are copied into the State.
+	ServiceCIDRs []netip.Prefix
+	PodCIDRs     []netip.Prefix
+	// MasqueradeAll is copied into the State.
+	MasqueradeAll bool
+	// NodeAddresses, when set, replaces the addresses of the Node object
+	// (InternalIPs, then ExternalIPs). Order matters: the first address of
+	// each family is the primary one. An agent that wants CIDR
+	// nodePortAddresses to cover every local IP (as kube-proxy does) passes
+	// all of them here, primary first.
+	NodeAddresses []netip.Addr
+}
+
+// Validate reports configuration errors that kube-proxy would refuse at
+// start-up. The translation itself tolerates them (it reports a Problem and
+// ignores the bad entry) so that a State can always be computed.
+func (c Config) Validate() error {
+	var errs []error
+	_, probs := c.nodePortSelector()
+	for _, p := range probs {
+		errs = append(errs, errors.New(p.Reason))
+	}
+	if !Schedulers[c.Scheduler] {
+		errs = append(errs, fmt.Errorf("unknown scheduler %q", c.Scheduler))
+	}
+	return errors.Join(errs...)
+}
+
+// selects applies kube-proxy's informer label selector: no headless label,
+// and the service-proxy-name label matching ours. kube-proxy applies it to
+// both Services and EndpointSlices (the EndpointSlice controller copies
+// Service labels onto slices), so we do too.
+func (c *Config) selects(labels map[string]string) bool {
+	if _, ok := labels["service.kubernetes.io/headless"]; ok {
+		return false
+	}
+	name, ok := labels[LabelServiceProxyName]
+	if c.ServiceProxyName == "" {
+		return !ok
+	}
+	return ok && name == c.ServiceProxyName
+}
+
+// nodePortSelector is the parsed form of NodePortAddresses.
+type nodePortSelector struct {
+	primary bool
+	cidrs   []netip.Prefix
+}
+
+// nodePortSelector parses NodePortAddresses, reporting (and ignoring) bad
+// entries.
+func (c *Config) nodePortSelector() (nodePortSelector, []Problem) {
+	var sel nodePortSelector
+	var probs []Problem
+	if len(c.NodePortAddresses) == 0 {
+		sel.primary = true
+		return sel, nil
+	}
+	for _, s := range c.NodePortAddresses {
+		s = strings.TrimSpace(s)
+		if s == NodePortAddressesPrimary {
+			sel.primary = true
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			probs = append(probs, configProblem("nodePortAddresses: %q is neither %q nor a CIDR", s, NodePortAddressesPrimary))
+			continue
+		}
+		sel.cidrs = append(sel.cidrs, p.Masked())
+	}
+	if sel.primary && len(c.NodePortAddresses) > 1 {
+		// kube-proxy's validation: "primary" must be the only value.
+		probs = append(probs, configProblem("nodePortAddresses: %q must be the only value", NodePortAddressesPrimary))
+	}
+	return sel, probs
+}
+
+// selectNodePortAddrs picks the NodePort addresses among the node addresses.
+// A family for which no CIDR is listed (and "primary" is not given) matches
+// every address of that family: kube-proxy builds one selector per family
+// and defaults an empty one to 0.0.0.0/0 or ::/0. Loopback addresses are
+// never used (nftables parity, and CVE-2020-8558).
+func (sel nodePortSelector) selectNodePortAddrs(addrs []netip.Addr) []netip.Addr {
+	var listed [2]bool
+	for _, p := range sel.cidrs {
+		listed[familyIndex(p.Addr())] = true
+	}
+	var out []netip.Addr
+	var seenPrimary [2]bool
+	for _, a := range addrs {
+		f := familyIndex(a)
+		isPrimary := !seenPrimary[f]
+		seenPrimary[f] = true
+		if a.IsLoopback() || containsAddr(out, a) {
+			continue
+		}
+		if (sel.primary && isPrimary) || (!sel.primary && !listed[f]) || prefixesContain(sel.cidrs, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// familyIndex is 0 for IPv4 and 1 for IPv6, the index used by per-family
+// arrays throughout the package.
+func familyIndex(a netip.Addr) int {
+	if a.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
+
+func containsAddr(list []netip.Addr, a netip.Addr) bool {
+	for _, b := range list {
+		if a == b {
+			return true
+		}
+	}
+	return false
+}
+
+func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

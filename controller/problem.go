@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// Problem describes input that was skipped or only partly used: a bad
+// manifest, an EndpointSlice endpoint that does not parse, a Service field
+// out of range. Problems never stop the rest of the State from being built;
+// they exist so that the agent (or `xvs` CLI) can tell the user why
+// something they wrote has no effect.
+type Problem struct {
+	// Kind is the object kind ("Service", "EndpointSlice", "Node"), "Config"
+	// for configuration, or "File" for a manifest that could not be read.
+	Kind string
+	// Object is "namespace/name" (just "name" for Nodes), "" when unknown.
+	Object string
+	// File and Doc locate the manifest (file source only; Doc counts YAML
+	// documents from 1).
+	File string
+	Doc  int
+	// Reason says what was wrong and what was done about it.
+	Reason string
+}
+
+func (p Problem) String() string {
+	s := ""
+	if p.File != "" {
+		s = p.File
+		if p.Doc > 0 {
+			s += fmt.Sprintf("#%d", p.Doc)
+		}
+		s += ": "
+	}
+	if p.Kind != "" {
+		s += p.Kind
+		if p.Object != "" {
+			s += " " + p.Object
+		}
+		s += ": "
+	}
+	return s + p.Reason
+}
+
+func configProblem(format string, args ...any) Problem {
+	return Problem{Kind: "Config", Reason: fmt.Sprintf(format, args...)}
+}
+
+// sortProblems orders problems deterministically so that callers can diff
+// successive lists and log only new ones.
+func sortProblems(ps []Problem) {
+	slices.SortStableFunc(ps, func(a, b Problem) int {
+		return cmp.Or(
+			cmp.Compare(a.File, b.File),
+			cmp.Compare(a.Doc, b.Doc),
+			cmp.Compare(a.Kind, b.Kind),
+			cmp.Compare(a.Object, b.Object),
+			cmp.Compare(a.Reason, b.Reason),
+		)
+	})
+}

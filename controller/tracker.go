@@ -1,0 +1,378 @@
+package controller
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Tracker holds the current Services, EndpointSlices and this node's Node,
+// and builds States incrementally, like kube-proxy's ServiceChangeTracker
+// and EndpointsChangeTracker together.
+//
+// The On* methods have the shape of client-go informer handlers (typed;
+// an informer adapter only has to unwrap cache.DeletedFinalStateUnknown)
+// and are what the FileSource calls too, so both sources share one path.
+// Each returns whether the input really changed: updates that cannot change
+// the State (same resourceVersion, or equal in every field the translation
+// reads, as for re-read manifests or Node heartbeats) are collapsed.
+//
+// A Tracker is safe for concurrent use.
+type Tracker struct {
+	mu  sync.Mutex
+	cfg Config
+
+	services map[types.NamespacedName]*v1.Service
+	slices   map[types.NamespacedName]*discoveryv1.EndpointSlice // by slice namespace/name
+	// bySvc indexes slices by their kubernetes.io/service-name label, then
+	// by slice name.
+	bySvc map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	// orphans are slices without that label, reported until they go away.
+	orphans map[types.NamespacedName]Problem
+	node    *v1.Node
+
+	// dirty Services are recomputed by the next Build; full recomputes the
+	// node view and every Service.
+	dirty map[types.NamespacedName]bool
+	full  bool
+
+	env         *env
+	envProblems []Problem
+	built       map[types.NamespacedName]builtService
+	state       *model.State
+}
+
+// builtService caches one Service's translation between Builds.
+type builtService struct {
+	ports    []*model.ServicePort
+	problems []Problem
+}
+
+// Sync is the outcome of Tracker.Build.
+type Sync struct {
+	// State is the desired state. *ServicePort values are shared with the
+	// previous State whenever they are equal, so a datapath can skip a
+	// port whose pointer did not change; this holds for full builds too.
+	State *model.State
+	// Problems lists every current problem with the input (not only new
+	// ones), sorted, so that it always matches what Translate would say.
+	Problems []Problem
+	// Changed is false when State is the very same *State as the previous
+	// Build returned: nothing to apply.
+	Changed bool
+	// Full is true when every input was re-evaluated: the first Build, a
+	// Node change (labels feed topology, addresses feed NodePorts), or
+	// ForceFullSync. A datapath uses it to decide on a full resync.
+	Full bool
+}
+
+// NewTracker returns an empty Tracker. The configuration is fixed for its
+// lifetime: a new configuration means a new Tracker and a full sync.
+func NewTracker(cfg Config) (*Tracker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("controller config: %w", err)
+	}
+	cfg.NodePortAddresses = slices.Clone(cfg.NodePortAddresses)
+	cfg.ServiceCIDRs = slices.Clone(cfg.ServiceCIDRs)
+	cfg.PodCIDRs = slices.Clone(cfg.PodCIDRs)
+	cfg.NodeAddresses = slices.Clone(cfg.NodeAddresses)
+	return &Tracker{
+		cfg:      cfg,
+		services: make(map[types.NamespacedName]*v1.Service),
+		slices:   make(map[types.NamespacedName]*discoveryv1.EndpointSlice),
+		bySvc:    make(map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice),
+		orphans:  make(map[types.NamespacedName]Problem),
+		dirty:    make(map[types.NamespacedName]bool),
+		built:    make(map[types.NamespacedName]builtService),
+		full:     true,
+	}, nil
+}
+
+func (t *Tracker) OnServiceAdd(svc *v1.Service) bool       { return t.upsertService(svc) }
+func (t *Tracker) OnServiceUpdate(_, svc *v1.Service) bool { return t.upsertService(svc) }
+func (t *Tracker) OnServiceDelete(svc *v1.Service) bool    { return t.deleteService(svc) }
+func (t *Tracker) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) bool {
+	return t.upsertSlice(s)
+}
+func (t *Tracker) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) bool {
+	return t.upsertSlice(s)
+}
+func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool {
+	return t.deleteSlice(s)
+}
+
+// OnNodeAdd and friends ignore every Node but ours (cfg.NodeName); with no
+// NodeName configured, all Nodes are ignored.
+func (t *Tracker) OnNodeAdd(n *v1.Node) bool       { return t.setNode(n) }
+func (t *Tracker) OnNodeUpdate(_, n *v1.Node) bool { return t.setNode(n) }
+func (t *Tracker) OnNodeDelete(n *v1.Node) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ours(n) || t.node == nil {
+		return false
+	}
+	t.node = nil
+	t.full = true
+	return true
+}
+
+// ForceFullSync makes the next Build re-evaluate everything and report
+// Full, e.g. after the datapath failed to apply a State.
+func (t *Tracker) ForceFullSync() {
+	t.mu.Lock()
+	t.full = true
+	t.mu.Unlock()
+}
+
+// Pending reports whether Build has anything to recompute.
+func (t *Tracker) Pending() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.full || len(t.dirty) > 0
+}
+
+func nameOf(o metav1.Object) types.NamespacedName {
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
+}
+
+func (t *Tracker) upsertService(svc *v1.Service) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := nameOf(svc)
+	old := t.services[k]
+	t.services[k] = svc // keep the newest resourceVersion even for no-ops
+	if old != nil && sameService(old, svc) {
+		return false
+	}
+	t.dirty[k] = true
+	return true
+}
+
+func (t *Tracker) deleteService(svc *v1.Service) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := nameOf(svc)
+	if _, ok := t.services[k]; !ok {
+		return false
+	}
+	delete(t.services, k)
+	t.dirty[k] = true
+	return true
+}
+
+func (t *Tracker) upsertSlice(s *discoveryv1.EndpointSlice) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := nameOf(s)
+	old := t.slices[k]
+	t.slices[k] = s
+	if old != nil && sameSlice(old, s) {
+		// Equal labels, so the same Service: just hold the newest object.
+		if sk, ok := sliceService(s); ok {
+			t.bySvc[sk][s.Name] = s
+		}
+		return false
+	}
+	if old != nil {
+		t.unindexSlice(old)
+	}
+	t.indexSlice(s)
+	return true
+}
+
+func (t *Tracker) deleteSlice(s *discoveryv1.EndpointSlice) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := nameOf(s)
+	old, ok := t.slices[k]
+	if !ok {
+		return false
+	}
+	delete(t.slices, k)
+	t.unindexSlice(old)
+	return true
+}
+
+// indexSlice files s under its Service and marks that Service dirty. A
+// slice whose label changed is unindexed from the old Service first, so
+// both get recomputed.
+func (t *Tracker) indexSlice(s *discoveryv1.EndpointSlice) {
+	sk, ok := sliceService(s)
+	if !ok {
+		t.orphans[nameOf(s)] = noServiceProblem(s)
+		return
+	}
+	if t.bySvc[sk] == nil {
+		t.bySvc[sk] = make(map[string]*discoveryv1.EndpointSlice)
+	}
+	t.bySvc[sk][s.Name] = s
+	t.dirty[sk] = true
+}
+
+func (t *Tracker) unindexSlice(s *discoveryv1.EndpointSlice) {
+	sk, ok := sliceService(s)
+	if !ok {
+		delete(t.orphans, nameOf(s))
+		return
+	}
+	delete(t.bySvc[sk], s.Name)
+	if len(t.bySvc[sk]) == 0 {
+		delete(t.bySvc, sk)
+	}
+	t.dirty[sk] = true
+}
+
+func (t *Tracker) ours(n *v1.Node) bool {
+	return t.cfg.NodeName != "" && n.Name == t.cfg.NodeName
+}
+
+func (t *Tracker) setNode(n *v1.Node) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ours(n) {
+		return false
+	}
+	old := t.node
+	t.node = n
+	if old != nil && sameNode(old, n) {
+		return false
+	}
+	// Labels feed topology and addresses feed NodePorts of every Service:
+	// recompute all of them (nftables' needFullSync on node label change).
+	t.full = true
+	return true
+}
+
+// Build brings the State up to date and returns it. Only dirty Services are
+// recomputed (all of them after a Node change), and a recomputed port equal
+// to its previous version keeps its previous pointer.
+func (t *Tracker) Build() Sync {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	full := t.full || t.state == nil
+	if !full && len(t.dirty) == 0 {
+		return Sync{State: t.state, Problems: t.problems()}
+	}
+	if full {
+		t.env, t.envProblems = newEnv(&t.cfg, t.node)
+		for k := range t.built {
+			t.dirty[k] = true
+		}
+		for k := range t.services {
+			t.dirty[k] = true
+		}
+	}
+	for k := range t.dirty {
+		t.rebuild(k)
+	}
+	clear(t.dirty)
+	t.full = false
+	n := 0
+	for _, b := range t.built {
+		n += len(b.ports)
+	}
+
+	st := t.env.newState(n)
+	for _, b := range t.built {
+		for _, sp := range b.ports {
+			st.Services[sp.Name] = sp
+		}
+	}
+	changed := t.state == nil || !sameState(t.state, st)
+	if changed {
+		t.state = st
+	}
+	return Sync{State: t.state, Problems: t.problems(), Changed: changed, Full: full}
+}
+
+// rebuild recomputes one Service, reusing unchanged ports' pointers.
+func (t *Tracker) rebuild(k types.NamespacedName) {
+	svc := t.services[k]
+	if svc == nil {
+		delete(t.built, k)
+		return
+	}
+	ports, probs := t.env.service(svc, slices.Collect(maps.Values(t.bySvc[k])))
+	prev := make(map[model.ServicePortName]*model.ServicePort, len(t.built[k].ports))
+	for _, sp := range t.built[k].ports {
+		prev[sp.Name] = sp
+	}
+	for i, sp := range ports {
+		if old := prev[sp.Name]; old != nil && reflect.DeepEqual(old, sp) {
+			ports[i] = old
+		}
+	}
+	t.built[k] = builtService{ports: ports, problems: probs}
+}
+
+func (t *Tracker) problems() []Problem {
+	out := slices.Clone(t.envProblems)
+	for _, p := range t.orphans {
+		out = append(out, p)
+	}
+	for _, b := range t.built {
+		out = append(out, b.problems...)
+	}
+	sortProblems(out)
+	return out
+}
+
+// sameState reports whether b can be replaced by a: equal node-wide
+// fields and the very same ServicePort pointers.
+func sameState(a, b *model.State) bool {
+	if len(a.Services) != len(b.Services) || a.MasqueradeAll != b.MasqueradeAll ||
+		!reflect.DeepEqual(a.Node, b.Node) ||
+		!slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) || !slices.Equal(a.PodCIDRs, b.PodCIDRs) {
+		return false
+	}
+	for k, sp := range a.Services {
+		if b.Services[k] != sp {
+			return false
+		}
+	}
+	return true
+}
+
+// sameService reports whether two versions of a Service translate alike.
+// An equal non-empty resourceVersion settles it (informer resyncs); else
+// the fields the translation reads are compared, so that re-read manifests
+// and status-only updates are no-ops. equality.Semantic treats nil and
+// empty slices and maps as equal, as the API does.
+func sameService(a, b *v1.Service) bool {
+	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+		return true
+	}
+	schedA, okA := a.Annotations[AnnotationScheduler]
+	schedB, okB := b.Annotations[AnnotationScheduler]
+	return schedA == schedB && okA == okB &&
+		equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
+		equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
+		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+}
+
+func sameSlice(a, b *discoveryv1.EndpointSlice) bool {
+	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+		return true
+	}
+	return a.AddressType == b.AddressType &&
+		equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
+		equality.Semantic.DeepEqual(a.Endpoints, b.Endpoints) &&
+		equality.Semantic.DeepEqual(a.Ports, b.Ports)
+}
+
+// sameNode compares only labels and addresses: Node status heartbeats
+// change the resourceVersion every few seconds and must not cause syncs.
+func sameNode(a, b *v1.Node) bool {
+	return equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
+		equality.Semantic.DeepEqual(a.Status.Addresses, b.Status.Addresses)
+}
