@@ -1,0 +1,184 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
+)
+
+// The test binary doubles as the xvs binary: the agents the tests start
+// are this executable with XVS_TEST_AS_MAIN=1, so no separate build step
+// can go stale.
+func TestMain(m *testing.M) {
+	if os.Getenv("XVS_TEST_AS_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Setenv("XVS_TEST_AS_MAIN", "1")
+	code := m.Run()
+	os.Unsetenv("XVS_TEST_AS_MAIN")
+	os.Exit(code)
+}
+
+// newWorld builds the single-node world and starts the agent with every
+// pod as an endpoint. It fails (never skips) without root.
+func newWorld(t *testing.T, agentArgs ...string) *singleNode {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, BPF); run them as root")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newSingleNode("t", bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && w.Agent != nil {
+			if log, err := os.ReadFile(w.Agent.Log); err == nil {
+				t.Logf("agent log:\n%s", log)
+			}
+		}
+		w.Close()
+	})
+	if err := w.writeService(demoPodIPs); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.startAgent(agentArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitProgrammed(len(demoPodIPs), 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func podAddr(i int) netip.AddrPort { return netip.AddrPortFrom(demoPodIPs[i], demoBackendPort) }
+
+// TestPrivNamespaceTraffic: real TCP and UDP from a client namespace through
+// the node to three backend namespaces.
+func TestPrivNamespaceTraffic(t *testing.T) {
+	w := newWorld(t)
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	udp := netip.AddrPortFrom(demoVIP, 53)
+
+	for name, probe := range map[string]func() lab.Result{
+		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) },
+		// The probe's socket is connected to the VIP: a reply from any
+		// other source (no reverse NAT) would never reach it.
+		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 2*time.Second) },
+	} {
+		got, err := spread(60, probe)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(got) != 3 {
+			t.Fatalf("%s: 60 connections reached %v, want all 3 backends", name, got)
+		}
+	}
+
+	// Long-lived connections stay on their backend and see the VIP as
+	// their peer all along.
+	for range 3 {
+		reply, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.RemoteAddr().(*net.TCPAddr).AddrPort() != tcp {
+			t.Fatalf("connected to %s, want the VIP", c.RemoteAddr())
+		}
+		for range 20 {
+			if err := lab.EchoCheck(c, 2*time.Second); err != nil {
+				t.Fatalf("connection to %s broke: %v", reply.Local, err)
+			}
+		}
+		c.Close()
+	}
+
+	// Removing an endpoint from the manifests stops new connections to it
+	// within a second.
+	start := time.Now()
+	if err := w.writeService(demoPodIPs[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitProgrammed(2, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("endpoint removal programmed in %v", time.Since(start))
+	for i := range 40 {
+		r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+		if r.Verdict != lab.OK || r.Reply.Local == podAddr(2) {
+			t.Fatalf("connection %d after removal: %v", i, r)
+		}
+	}
+}
+
+// TestPrivContinuity: a long-lived TCP connection keeps exchanging data
+// while the agent restarts (which also replaces the program under the live
+// attachment), with TCX and with legacy tc.
+func TestPrivContinuity(t *testing.T) {
+	for _, mode := range []string{"tcx", "legacy"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t, "--tc-attach", mode)
+			tcp := netip.AddrPortFrom(demoVIP, 80)
+			_, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var echoes int
+			var echoErr error
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					if err := lab.EchoCheck(c, 2*time.Second); err != nil {
+						echoErr = err
+						return
+					}
+					echoes++
+				}
+			}()
+
+			for i := range 3 {
+				if err := w.Agent.Stop(5 * time.Second); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond) // no agent at all for a while
+				if err := w.startAgent("--tc-attach", mode); err != nil {
+					t.Fatal(err)
+				}
+				if err := w.waitProgrammed(3, 10*time.Second); err != nil {
+					t.Fatalf("restart %d: %v", i, err)
+				}
+				if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second); r.Verdict != lab.OK {
+					t.Fatalf("new connection after restart %d: %v", i, r)
+				}
+			}
+			close(stop)
+			wg.Wait()
+			if echoErr != nil {
+				t.Fatalf("held connection broke after %d echoes: %v", echoes, echoErr)
+			}
+			if echoes < 10 {
+				t.Fatalf("only %d echoes over three restarts", echoes)
+			}
+			t.Logf("%d echoes across three agent restarts", echoes)
+		})
+	}
+}
