@@ -14,14 +14,14 @@
 
 #include "parse.h"
 
-#define IPV4_CSUM_OFF offsetof(struct iphdr, check)
+#define IPV4_CSUM_OFF  offsetof(struct iphdr, check)
 #define IPV4_SADDR_OFF offsetof(struct iphdr, saddr)
 #define IPV4_DADDR_OFF offsetof(struct iphdr, daddr)
 
 static __always_inline __u32 l4_csum_off(const struct xvs_pkt *p)
 {
-	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
-						    : offsetof(struct udphdr, check));
+	return p->l4_off +
+	       (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
 }
 
 static __always_inline __u64 l4_csum_flags(const struct xvs_pkt *p)

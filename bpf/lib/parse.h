@@ -19,7 +19,7 @@
 #include "maps.h"
 #include "types.h"
 
-#define IP_MF 0x2000
+#define IP_MF	  0x2000
 #define IP_OFFSET 0x1fff
 
 enum {
@@ -95,7 +95,10 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 	if (frag & IP_OFFSET) {
 		/* A later fragment: no ports here; take them from the first. */
 		struct xvs_frag_key fk = {
-			.saddr = p->saddr, .daddr = p->daddr, .id = ip_id, .proto = p->proto,
+			.saddr = p->saddr,
+			.daddr = p->daddr,
+			.id = ip_id,
+			.proto = p->proto,
 		};
 		struct xvs_frag_ports *fp = bpf_map_lookup_elem(&xvs_fragments, &fk);
 		if (!fp)
@@ -140,9 +143,12 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 	if (frag & IP_MF) {
 		/* First fragment of several: remember its ports. */
 		struct xvs_frag_key fk = {
-			.saddr = p->saddr, .daddr = p->daddr, .id = ip_id, .proto = p->proto,
+			.saddr = p->saddr,
+			.daddr = p->daddr,
+			.id = ip_id,
+			.proto = p->proto,
 		};
-		struct xvs_frag_ports fp = { .sport = p->sport, .dport = p->dport };
+		struct xvs_frag_ports fp = {.sport = p->sport, .dport = p->dport};
 		bpf_map_update_elem(&xvs_fragments, &fk, &fp, BPF_ANY);
 	}
 	return XVS_PARSE_OK;

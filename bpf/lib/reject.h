@@ -93,7 +93,7 @@ static __always_inline int reject_tcp(struct __sk_buff *skb, const struct xvs_pk
 		__be32 saddr, daddr;
 		__u8 zero, proto;
 		__be16 len;
-	} pseudo = { ip.saddr, ip.daddr, 0, IPPROTO_TCP, bpf_htons(sizeof(out)) };
+	} pseudo = {ip.saddr, ip.daddr, 0, IPPROTO_TCP, bpf_htons(sizeof(out))};
 	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
 	out.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&out, sizeof(out), csum));
 

@@ -169,18 +169,18 @@ struct xvs_stats {
 
 /* Why a packet got the verdict it got; indexes the per-CPU verdict counters. */
 enum xvs_verdict {
-	XVS_V_PASS = 0,          /* not service traffic: untouched */
-	XVS_V_FWD_NEW,           /* new flow: backend chosen, DNAT */
-	XVS_V_FWD_ESTABLISHED,   /* conntrack hit: DNAT */
-	XVS_V_REPLY,             /* reply: reverse NAT */
-	XVS_V_PASS_MALFORMED,    /* truncated or malformed: untouched */
-	XVS_V_PASS_FRAGMENT,     /* fragment of an unknown flow: untouched */
-	XVS_V_DROP_NO_LOCAL,     /* endpoints exist, policy set empty */
+	XVS_V_PASS = 0,		   /* not service traffic: untouched */
+	XVS_V_FWD_NEW,		   /* new flow: backend chosen, DNAT */
+	XVS_V_FWD_ESTABLISHED,	   /* conntrack hit: DNAT */
+	XVS_V_REPLY,		   /* reply: reverse NAT */
+	XVS_V_PASS_MALFORMED,	   /* truncated or malformed: untouched */
+	XVS_V_PASS_FRAGMENT,	   /* fragment of an unknown flow: untouched */
+	XVS_V_DROP_NO_LOCAL,	   /* endpoints exist, policy set empty */
 	XVS_V_REJECT_NO_ENDPOINTS, /* no usable endpoint anywhere */
-	XVS_V_DROP_NO_BACKEND,   /* slot points at a missing backend */
-	XVS_V_DROP_INVALID,      /* TCP RST/out-of-state without conntrack */
-	XVS_V_DROP_REWRITE,      /* a packet rewrite helper failed */
-	XVS_V_DROP_REJECT_FAILED,/* could not build the reject reply */
+	XVS_V_DROP_NO_BACKEND,	   /* slot points at a missing backend */
+	XVS_V_DROP_INVALID,	   /* TCP RST/out-of-state without conntrack */
+	XVS_V_DROP_REWRITE,	   /* a packet rewrite helper failed */
+	XVS_V_DROP_REJECT_FAILED,  /* could not build the reject reply */
 	XVS_V_MAX,
 };
 
