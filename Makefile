@@ -1,0 +1,47 @@
+# xvs: eXpress Virtual Server. `make help` lists the targets.
+GO      ?= go
+BIN     ?= bin/xvs
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: help deps generate generate-check build lint test test-unit demo bench clean
+
+help:
+	@echo "make demo    build and run the self-contained demo (root)"
+	@echo "make test    every check and test, as CI runs them (root)"
+	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md (root)"
+	@echo "make build | generate | generate-check | lint | deps | clean"
+
+deps:
+	./hack/install-deps.sh
+
+# bpf2go is pinned in go.mod's tool block; the generated objects are
+# committed, and generate-check fails when regenerating changes them.
+generate:
+	$(GO) generate ./bpf/
+
+generate-check: generate
+	@git diff --exit-code -- bpf/ || { echo "bpf/: generated files are stale: run 'make generate' and commit"; exit 1; }
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/xvs
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h
+
+# Privileged tests (TestPriv*) need root: they fail, never skip, without it.
+test: deps generate-check lint
+	$(GO) test -count=1 ./...
+
+test-unit:
+	$(GO) test -count=1 -run 'Test[^P]' ./...
+
+demo: deps build
+	./$(BIN) demo
+
+bench: deps
+	$(GO) run ./hack/bench -out docs/BENCHMARKS.md
+
+clean:
+	rm -rf bin
