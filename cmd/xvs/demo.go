@@ -6,8 +6,8 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"syscall"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
