@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	v1 "k8s.io/api/core/v1"
 )
 
 // NodePortAddressesPrimary is the kube-proxy nodePortAddresses value meaning
@@ -23,16 +25,19 @@ const (
 	maxAffinityTimeout     = 86400 // seconds; API validation upper bound
 )
 
-// Schedulers lists the scheduler names accepted in Config.Scheduler and the
+// schedulers lists the scheduler names accepted in Config.Scheduler and the
 // xvs.io/scheduler annotation: "" (uniform random, as iptables/nftables) and
-// the kernel IPVS schedulers. An unknown name in an annotation is reported
-// and the default is used, so one bad Service cannot make the datapath
-// reject the whole State.
-var Schedulers = map[string]bool{
+// the kernel IPVS schedulers.
+var schedulers = map[string]bool{
 	"": true, "rr": true, "wrr": true, "lc": true, "wlc": true, "lblc": true,
 	"lblcr": true, "dh": true, "sh": true, "sed": true, "nq": true, "fo": true,
 	"ovf": true, "mh": true, "twos": true,
 }
+
+// KnownScheduler reports whether name is an accepted scheduler. An unknown
+// name in an annotation is reported and the default used instead, so that
+// one bad Service cannot make a datapath refuse the whole State.
+func KnownScheduler(name string) bool { return schedulers[name] }
 
 // Config is the node-wide configuration of the translation; the field names
 // follow KubeProxyConfiguration where one exists.
@@ -49,7 +54,7 @@ type Config struct {
 	// only those whose label equals it.
 	ServiceProxyName string
 	// Scheduler is the default scheduler of every Service ("" = random);
-	// see Schedulers.
+	// see KnownScheduler.
 	Scheduler string
 	// ServiceCIDRs and PodCIDRs are copied into the State.
 	ServiceCIDRs []netip.Prefix
@@ -73,7 +78,7 @@ func (c Config) Validate() error {
 	for _, p := range probs {
 		errs = append(errs, errors.New(p.Reason))
 	}
-	if !Schedulers[c.Scheduler] {
+	if !KnownScheduler(c.Scheduler) {
 		errs = append(errs, fmt.Errorf("unknown scheduler %q", c.Scheduler))
 	}
 	return errors.Join(errs...)
@@ -84,7 +89,7 @@ func (c Config) Validate() error {
 // both Services and EndpointSlices (the EndpointSlice controller copies
 // Service labels onto slices), so we do too.
 func (c *Config) selects(labels map[string]string) bool {
-	if _, ok := labels["service.kubernetes.io/headless"]; ok {
+	if _, ok := labels[v1.IsHeadlessService]; ok {
 		return false
 	}
 	name, ok := labels[LabelServiceProxyName]

@@ -3,6 +3,7 @@ package controller
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,35 +100,40 @@ func (d *docDecoder) decode(raw []byte, where string) {
 		return // empty document, e.g. after a trailing "---"
 	}
 	obj, gvk, err := manifestDecoder.Decode(js, nil, nil)
+	var warning error
 	switch {
 	case err == nil:
 	case runtime.IsStrictDecodingError(err) && obj != nil:
 		// Usable: unknown fields are dropped, as the API server does.
-		d.report(gvkKind(gvk), objectName(obj), "%s%v (ignored)", where, err)
+		warning = err
 	case runtime.IsNotRegisteredError(err):
-		d.report(gvkKind(gvk), "", "%sunsupported kind %s: ignored", where, gvkString(gvk))
+		d.report(gvkKind(gvk), docName(js), "%sunsupported kind %s: ignored", where, gvkString(gvk))
 		return
 	case runtime.IsMissingKind(err), runtime.IsMissingVersion(err):
-		d.report("", "", "%smissing kind or apiVersion: skipped", where)
+		d.report("", docName(js), "%smissing kind or apiVersion: skipped", where)
 		d.incomplete = true
 		return
 	default:
-		d.report(gvkKind(gvk), "", "%s%v: skipped", where, err)
+		d.report(gvkKind(gvk), docName(js), "%s%v: skipped", where, err)
 		d.incomplete = true
 		return
 	}
-	d.add(obj, gvk, where)
+	name := d.add(obj, gvk, where)
+	if warning != nil {
+		d.report(gvkKind(gvk), name, "%s%v (ignored)", where, warning)
+	}
 }
 
-// add files a decoded object, expanding Lists.
-func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where string) {
+// add files a decoded object, expanding Lists, and returns its name for
+// problem reports.
+func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where string) string {
 	var kind string
 	switch o := obj.(type) {
 	case *v1.List:
 		for i, item := range o.Items {
 			d.decode(item.Raw, fmt.Sprintf("%sitems[%d]: ", where, i))
 		}
-		return
+		return ""
 	case *v1.Service:
 		kind = "Service"
 	case *discoveryv1.EndpointSlice:
@@ -136,13 +142,13 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 		kind = "Node"
 	default:
 		d.report(gvkKind(gvk), objectName(obj), "%sunsupported kind %s: ignored", where, gvkString(gvk))
-		return
+		return ""
 	}
 	m := obj.(metav1.Object)
 	if m.GetName() == "" {
 		d.report(kind, "", "%smissing metadata.name: skipped", where)
 		d.incomplete = true
-		return
+		return ""
 	}
 	if kind == "Node" {
 		m.SetNamespace("") // cluster-scoped
@@ -152,10 +158,27 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 	// A resourceVersion copied from `kubectl get -o yaml` would make the
 	// Tracker take an edited manifest for a no-op: it is meaningless here.
 	m.SetResourceVersion("")
-	d.objs = append(d.objs, manifestObject{
-		key:  objectKey{kind: kind, NamespacedName: nameOf(m)},
-		file: d.file, doc: d.doc, obj: obj,
-	})
+	key := objectKey{kind: kind, NamespacedName: nameOf(m)}
+	d.objs = append(d.objs, manifestObject{key: key, file: d.file, doc: d.doc, obj: obj})
+	return objectString(key)
+}
+
+// docName extracts metadata.namespace/name from a document the scheme
+// could not decode, to say which object a problem is about.
+func docName(js []byte) string {
+	var doc struct {
+		Metadata struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+	}
+	if json.Unmarshal(js, &doc) != nil || doc.Metadata.Name == "" {
+		return ""
+	}
+	if doc.Metadata.Namespace == "" {
+		return doc.Metadata.Name
+	}
+	return doc.Metadata.Namespace + "/" + doc.Metadata.Name
 }
 
 func objectName(obj runtime.Object) string {

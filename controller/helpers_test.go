@@ -162,12 +162,16 @@ func newEP(addr string, opts ...epOpt) discoveryv1.Endpoint {
 
 func ptr[T any](v T) *T { return &v }
 
-func local(e *discoveryv1.Endpoint)           { e.NodeName = ptr(testNode) }
-func onNode(n string) epOpt                   { return func(e *discoveryv1.Endpoint) { e.NodeName = &n } }
-func ready(b bool) epOpt                      { return func(e *discoveryv1.Endpoint) { e.Conditions.Ready = &b } }
-func serving(b bool) epOpt                    { return func(e *discoveryv1.Endpoint) { e.Conditions.Serving = &b } }
-func terminating(b bool) epOpt                { return func(e *discoveryv1.Endpoint) { e.Conditions.Terminating = &b } }
-func conds(r, s, t bool) epOpt                { return func(e *discoveryv1.Endpoint) { ready(r)(e); serving(s)(e); terminating(t)(e) } }
+func local(e *discoveryv1.Endpoint) { e.NodeName = ptr(testNode) }
+func onNode(n string) epOpt         { return func(e *discoveryv1.Endpoint) { e.NodeName = &n } }
+func ready(b bool) epOpt            { return func(e *discoveryv1.Endpoint) { e.Conditions.Ready = &b } }
+func serving(b bool) epOpt          { return func(e *discoveryv1.Endpoint) { e.Conditions.Serving = &b } }
+func terminating(b bool) epOpt {
+	return func(e *discoveryv1.Endpoint) { e.Conditions.Terminating = &b }
+}
+func conds(r, s, t bool) epOpt {
+	return func(e *discoveryv1.Endpoint) { ready(r)(e); serving(s)(e); terminating(t)(e) }
+}
 func servingTerminating(e *discoveryv1.Endpoint) { conds(false, true, true)(e) }
 
 func zoneHints(zones ...string) epOpt {

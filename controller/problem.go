@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Problem describes input that was skipped or only partly used: a bad
@@ -34,12 +35,8 @@ func (p Problem) String() string {
 		}
 		s += ": "
 	}
-	if p.Kind != "" {
-		s += p.Kind
-		if p.Object != "" {
-			s += " " + p.Object
-		}
-		s += ": "
+	if what := strings.TrimSpace(p.Kind + " " + p.Object); what != "" {
+		s += what + ": "
 	}
 	return s + p.Reason
 }

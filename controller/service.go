@@ -29,7 +29,7 @@ func (e *env) parseService(svc *v1.Service) (*svcInfo, []Problem) {
 	}
 	info.scheduler = e.cfg.Scheduler
 	if s, ok := svc.Annotations[AnnotationScheduler]; ok {
-		if Schedulers[s] {
+		if KnownScheduler(s) {
 			info.scheduler = s
 		} else {
 			report("annotation %s: unknown scheduler %q: using %q", AnnotationScheduler, s, e.cfg.Scheduler)

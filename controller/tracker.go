@@ -68,11 +68,12 @@ type Sync struct {
 	// ones), sorted, so that it always matches what Translate would say.
 	Problems []Problem
 	// Changed is false when State is the very same *State as the previous
-	// Build returned: nothing to apply.
+	// Build returned: nothing new to apply (but see Full).
 	Changed bool
 	// Full is true when every input was re-evaluated: the first Build, a
 	// Node change (labels feed topology, addresses feed NodePorts), or
-	// ForceFullSync. A datapath uses it to decide on a full resync.
+	// ForceFullSync. The caller should then sync the datapath even when
+	// Changed is false, and may use it to ask for a full resync.
 	Full bool
 }
 

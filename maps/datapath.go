@@ -259,7 +259,7 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		head := xbpf.SvcValue{
 			SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind),
 		}
-		if sp.HasEndpoints {
+		if sp.HasEndpointsFor(f.Addr) {
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
 		}
 		if sp.Affinity.ClientIP {

@@ -176,7 +176,7 @@ func agent(ctx context.Context, log *slog.Logger, f agentFlags, ccfg controller.
 			}
 		}
 		reported = current
-		if !s.Changed {
+		if !s.Changed && !s.Full {
 			return nil
 		}
 		if err := dp.Sync(ctx, s.State); err != nil {

@@ -1,0 +1,359 @@
+package controller
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/xvs-lb/xvs/model"
+)
+
+// §3.1: which Services are programmed.
+func TestWhichServicesAreProgrammed(t *testing.T) {
+	tests := []struct {
+		name      string
+		proxyName string
+		svc       *v1.Service
+		want      bool
+		problem   string
+	}{
+		{name: "plain", svc: newSvc("s"), want: true},
+		{name: "headless", svc: newSvc("s", clusterIPs(v1.ClusterIPNone))},
+		{name: "ExternalName", svc: newSvc("s", svcType(v1.ServiceTypeExternalName), clusterIPs("10.96.0.9"))},
+		{name: "headless label", svc: newSvc("s", svcLabel("service.kubernetes.io/headless", ""))},
+		{name: "no clusterIP", svc: newSvc("s", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+			problem: "no clusterIP"},
+		{name: "bad clusterIP", svc: newSvc("s", clusterIPs("10.96.0.300")), problem: "does not parse"},
+		{name: "only spec.clusterIP", svc: newSvc("s", func(s *v1.Service) { s.Spec.ClusterIPs = nil }), want: true},
+		{name: "proxy-name label, ours unset", svc: newSvc("s", svcLabel(LabelServiceProxyName, "xvs"))},
+		{name: "proxy-name label equal", proxyName: "xvs", svc: newSvc("s", svcLabel(LabelServiceProxyName, "xvs")), want: true},
+		{name: "proxy-name label other", proxyName: "xvs", svc: newSvc("s", svcLabel(LabelServiceProxyName, "other"))},
+		{name: "no proxy-name label, ours set", proxyName: "xvs", svc: newSvc("s")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.ServiceProxyName = tt.proxyName
+			sp, probs := translateOne(t, cfg, nil, tt.svc, v4Slice("s", newEP("10.0.0.1")))
+			if (sp != nil) != tt.want {
+				t.Fatalf("programmed = %v, want %v", sp != nil, tt.want)
+			}
+			if tt.problem == "" && len(probs) > 0 {
+				t.Errorf("unexpected problems %q", problemStrings(probs))
+			}
+			if tt.problem != "" && !hasProblem(probs, tt.problem) {
+				t.Errorf("problems %q, want one containing %q", problemStrings(probs), tt.problem)
+			}
+		})
+	}
+}
+
+// A bad Service, or a bad port, never affects the others.
+func TestBadInputIsIsolated(t *testing.T) {
+	good := newSvc("good")
+	bad := newSvc("bad", clusterIPs("not-an-ip"))
+	mixed := newSvc("mixed", clusterIPs("10.96.0.2"), ports(
+		v1.ServicePort{Name: "http", Protocol: v1.ProtocolTCP, Port: 80},
+		v1.ServicePort{Name: "weird", Protocol: "ICMP", Port: 81},
+		v1.ServicePort{Name: "big", Protocol: v1.ProtocolTCP, Port: 70000},
+	))
+	st, probs := Translate(testConfig(), []*v1.Service{bad, good, mixed}, nil, nil)
+	want := []model.ServicePortName{
+		{Namespace: "ns", Name: "good", Port: "http", Protocol: model.TCP},
+		{Namespace: "ns", Name: "mixed", Port: "http", Protocol: model.TCP},
+	}
+	if len(st.Services) != len(want) {
+		t.Fatalf("got %d ports, want %v", len(st.Services), want)
+	}
+	for _, k := range want {
+		if st.Services[k] == nil {
+			t.Errorf("missing %s", k)
+		}
+	}
+	for _, s := range []string{"Service ns/bad: clusterIP", `port "weird"`, `port "big"`} {
+		if !hasProblem(probs, s) {
+			t.Errorf("problems %q lack %q", problemStrings(probs), s)
+		}
+	}
+}
+
+// §3.1 and §3.5: ingress ipMode Proxy is not captured; VIP and unset are.
+func TestLoadBalancerIngress(t *testing.T) {
+	svc := newSvc("s",
+		lbIngress("192.0.2.1", ""),
+		lbIngress("192.0.2.2", v1.LoadBalancerIPModeVIP),
+		lbIngress("192.0.2.3", v1.LoadBalancerIPModeProxy),
+		lbIngress("", ""), // hostname-only ingress
+		lbIngress("192.0.2.1", ""),
+		externalIPs("192.0.2.2"), // also an LB IP: served once, as ExternalIP
+	)
+	sp, probs := translateOne(t, testConfig(), nil, svc)
+	want := []string{"ClusterIP 10.96.0.1:80", "ExternalIP 192.0.2.2:80", "LoadBalancer 192.0.2.1:80"}
+	if got := feStrings(sp.Frontends); !equalStrings(got, want) {
+		t.Errorf("frontends %q, want %q", got, want)
+	}
+	if len(probs) > 0 {
+		t.Errorf("unexpected problems %q", problemStrings(probs))
+	}
+}
+
+// §3.1: slices are merged by service-name label, FQDN ones ignored,
+// endpoints de-duplicated by IP:port, named targetPorts resolved per slice.
+func TestEndpointSliceMerging(t *testing.T) {
+	httpAt := func(n int32) []discoveryv1.EndpointPort { return []discoveryv1.EndpointPort{slicePortOf("http", n)} }
+	tests := []struct {
+		name    string
+		slices  []*discoveryv1.EndpointSlice
+		want    []string
+		problem string
+	}{
+		{name: "merged and deduplicated", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, httpAt(8080), newEP("10.0.0.2"), newEP("10.0.0.1")),
+			newSlice("s", "b", discoveryv1.AddressTypeIPv4, httpAt(8080), newEP("10.0.0.1"), newEP("10.0.0.3")),
+		}, want: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"}},
+		{name: "named targetPort per slice", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, httpAt(8080), newEP("10.0.0.1")),
+			newSlice("s", "b", discoveryv1.AddressTypeIPv4, httpAt(9090), newEP("10.0.0.2"), newEP("10.0.0.1")),
+		}, want: []string{"10.0.0.1:8080", "10.0.0.1:9090", "10.0.0.2:9090"}},
+		{name: "other port name and other protocol ignored", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{
+				slicePortOf("metrics", 9100),
+				{Name: ptr("http"), Port: ptr(int32(5353)), Protocol: ptr(v1.ProtocolUDP)},
+				slicePortOf("http", 8080),
+			}, newEP("10.0.0.1")),
+		}, want: []string{"10.0.0.1:8080"}},
+		{name: "FQDN slice ignored", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeFQDN, httpAt(8080), newEP("example.com")),
+		}},
+		{name: "other Service's slice", slices: []*discoveryv1.EndpointSlice{v4Slice("t", newEP("10.0.0.1"))}},
+		{name: "no service-name label", slices: []*discoveryv1.EndpointSlice{
+			newSlice("", "a", discoveryv1.AddressTypeIPv4, httpAt(8080), newEP("10.0.0.1")),
+		}, problem: "no kubernetes.io/service-name label"},
+		{name: "bad endpoints skipped", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, httpAt(8080),
+				newEP("10.0.0.1"), newEP("10.0.0.x"), discoveryv1.Endpoint{}, newEP("fd00::1"), newEP("010.000.000.002")),
+		}, want: []string{"10.0.0.1:8080", "10.0.0.2:8080"}, problem: `endpoint 1: address "10.0.0.x" does not parse`},
+		{name: "port without name ignored", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{{Port: ptr(int32(8080))}}, newEP("10.0.0.1")),
+		}, problem: "port 0 has no name"},
+		{name: "port without number ignored", slices: []*discoveryv1.EndpointSlice{
+			newSlice("s", "a", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{{Name: ptr("http")}}, newEP("10.0.0.1")),
+		}, problem: `port "http" has no valid number`},
+		{name: "slice filtered like its Service", slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+			s := v4Slice("s", newEP("10.0.0.1"))
+			s.Labels[LabelServiceProxyName] = "other"
+			return s
+		}()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sp, probs := translateOne(t, testConfig(), nil, newSvc("s"), tt.slices...)
+			if got := epStrings(sp.ClusterEndpoints); !equalStrings(got, tt.want) {
+				t.Errorf("endpoints %q, want %q", got, tt.want)
+			}
+			if sp.HasEndpoints != (len(tt.want) > 0) {
+				t.Errorf("HasEndpoints = %v", sp.HasEndpoints)
+			}
+			if tt.problem == "" && len(probs) > 0 {
+				t.Errorf("unexpected problems %q", problemStrings(probs))
+			}
+			if tt.problem != "" && !hasProblem(probs, tt.problem) {
+				t.Errorf("problems %q, want one containing %q", problemStrings(probs), tt.problem)
+			}
+		})
+	}
+}
+
+// A duplicate endpoint that is local on one slice is taken as local, as
+// kube-proxy does.
+func TestDuplicateEndpointPrefersLocal(t *testing.T) {
+	p := []discoveryv1.EndpointPort{slicePortOf("http", 8080)}
+	sp, _ := translateOne(t, testConfig(), nil, newSvc("s", itpLocal),
+		newSlice("s", "a", discoveryv1.AddressTypeIPv4, p, newEP("10.0.0.1", onNode("node-b"))),
+		newSlice("s", "b", discoveryv1.AddressTypeIPv4, p, newEP("10.0.0.1", local)),
+	)
+	if got := epStrings(sp.LocalEndpoints); !equalStrings(got, []string{"10.0.0.1:8080"}) {
+		t.Errorf("local endpoints %q", got)
+	}
+}
+
+// Same port number on TCP and UDP are independent ServicePorts (§3.2).
+func TestProtocolsAreIndependent(t *testing.T) {
+	svc := newSvc("dns", ports(
+		v1.ServicePort{Name: "dns-tcp", Protocol: v1.ProtocolTCP, Port: 53, TargetPort: intstr.FromInt32(5353)},
+		v1.ServicePort{Name: "dns-udp", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(5354)},
+	))
+	udp := v1.ProtocolUDP
+	sl := newSlice("dns", "dns-1", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{
+		slicePortOf("dns-tcp", 5353),
+		{Name: ptr("dns-udp"), Port: ptr(int32(5354)), Protocol: &udp},
+	}, newEP("10.0.0.1"))
+	st, _ := Translate(testConfig(), []*v1.Service{svc}, []*discoveryv1.EndpointSlice{sl}, nil)
+	for name, want := range map[model.ServicePortName]string{
+		{Namespace: "ns", Name: "dns", Port: "dns-tcp", Protocol: model.TCP}: "10.0.0.1:5353",
+		{Namespace: "ns", Name: "dns", Port: "dns-udp", Protocol: model.UDP}: "10.0.0.1:5354",
+	} {
+		sp := st.Services[name]
+		if sp == nil || sp.Frontends[0].Proto != name.Protocol || !equalStrings(epStrings(sp.ClusterEndpoints), []string{want}) {
+			t.Errorf("%s: got %+v, want endpoint %s", name, sp, want)
+		}
+	}
+}
+
+// §3.7: session affinity.
+func TestSessionAffinity(t *testing.T) {
+	withTimeout := func(s int32) svcOpt {
+		return func(svc *v1.Service) {
+			svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			svc.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &s}}
+		}
+	}
+	tests := []struct {
+		name    string
+		opt     svcOpt
+		want    model.Affinity
+		problem string
+	}{
+		{name: "none", opt: func(*v1.Service) {}},
+		{name: "explicit None", opt: func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityNone }},
+		{name: "default timeout", opt: func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP },
+			want: model.Affinity{ClientIP: true, TimeoutSeconds: 10800}},
+		{name: "explicit timeout", opt: withTimeout(125), want: model.Affinity{ClientIP: true, TimeoutSeconds: 125}},
+		{name: "timeout out of range", opt: withTimeout(86401),
+			want: model.Affinity{ClientIP: true, TimeoutSeconds: 10800}, problem: "outside 1..86400"},
+		{name: "unknown affinity", opt: func(s *v1.Service) { s.Spec.SessionAffinity = "Cookie" }, problem: "unknown sessionAffinity"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sp, probs := translateOne(t, testConfig(), nil, newSvc("s", tt.opt))
+			if sp.Affinity != tt.want {
+				t.Errorf("affinity %+v, want %+v", sp.Affinity, tt.want)
+			}
+			if (tt.problem != "") != hasProblem(probs, tt.problem) || (tt.problem == "" && len(probs) > 0) {
+				t.Errorf("problems %q, want %q", problemStrings(probs), tt.problem)
+			}
+		})
+	}
+}
+
+// §3.6: loadBalancerSourceRanges.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	t.Run("whitespace and host bits", func(t *testing.T) {
+		sp, probs := translateOne(t, testConfig(), nil, newSvc("s", lbIngress("192.0.2.1", ""),
+			sourceRanges(" 203.0.113.0/25", "198.51.100.7/24 ", "2001:db8::/64")))
+		want := []netip.Prefix{
+			netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/64"),
+		}
+		if len(probs) > 0 || len(sp.SourceRanges) != 3 || sp.SourceRanges[0] != want[0] || sp.SourceRanges[1] != want[1] || sp.SourceRanges[2] != want[2] {
+			t.Fatalf("ranges %v problems %q, want %v", sp.SourceRanges, problemStrings(probs), want)
+		}
+		// Per family: an IPv6 LB address is filtered only by IPv6 ranges.
+		if got := sp.SourceRangesFor(netip.MustParseAddr("2001:db8:1::1")); len(got) != 1 || got[0] != want[2] {
+			t.Errorf("SourceRangesFor(v6) = %v", got)
+		}
+	})
+	t.Run("bad range withholds LB frontends only", func(t *testing.T) {
+		sp, probs := translateOne(t, testConfig(), nil, newSvc("s", lbIngress("192.0.2.1", ""), nodePort(30080),
+			sourceRanges("203.0.113.0/25", "203.0.113.300/32")), v4Slice("s", newEP("10.0.0.1")))
+		if !hasProblem(probs, `"203.0.113.300/32" is not a CIDR`) {
+			t.Errorf("problems %q", problemStrings(probs))
+		}
+		for _, f := range sp.Frontends {
+			if f.Kind == model.LoadBalancer {
+				t.Errorf("LB frontend %s served despite a bad source range", f)
+			}
+		}
+		if sp.Frontends[0].Kind != model.ClusterIP {
+			t.Errorf("frontends %q", feStrings(sp.Frontends))
+		}
+	})
+}
+
+// The scheduler annotation overrides the configured default.
+func TestScheduler(t *testing.T) {
+	cfg := testConfig()
+	cfg.Scheduler = "rr"
+	for _, tt := range []struct {
+		opt           svcOpt
+		want, problem string
+	}{
+		{opt: func(*v1.Service) {}, want: "rr"},
+		{opt: svcAnnotation(AnnotationScheduler, "mh"), want: "mh"},
+		{opt: svcAnnotation(AnnotationScheduler, ""), want: ""},
+		{opt: svcAnnotation(AnnotationScheduler, "fastest"), want: "rr", problem: `unknown scheduler "fastest"`},
+	} {
+		sp, probs := translateOne(t, cfg, nil, newSvc("s", tt.opt))
+		if sp.Scheduler != tt.want || hasProblem(probs, tt.problem) != (tt.problem != "") {
+			t.Errorf("scheduler %q problems %q, want %q %q", sp.Scheduler, problemStrings(probs), tt.want, tt.problem)
+		}
+	}
+}
+
+// §3.3: which addresses NodePorts are served on.
+func TestNodePortAddresses(t *testing.T) {
+	dual := testNodeObj(nil, "ext:203.0.113.5", "192.168.1.10", "192.168.2.10", "fd00::10", "127.0.0.1", "fd00::20")
+	tests := []struct {
+		name     string
+		npa      []string
+		override []string
+		node     *v1.Node
+		want     []string
+	}{
+		{name: "unset is primary per family", node: dual,
+			want: []string{"NodePort 192.168.1.10:30080", "NodePort [fd00::10]:30080"}},
+		{name: "primary", npa: []string{"primary"}, node: dual,
+			want: []string{"NodePort 192.168.1.10:30080", "NodePort [fd00::10]:30080"}},
+		{name: "CIDR selects; unlisted family gets all", npa: []string{"192.168.2.0/24", "203.0.113.0/24"}, node: dual,
+			want: []string{"NodePort 192.168.2.10:30080", "NodePort 203.0.113.5:30080", "NodePort [fd00::10]:30080", "NodePort [fd00::20]:30080"}},
+		{name: "zero CIDR never serves loopback", npa: []string{"0.0.0.0/0", "::/0"}, node: dual,
+			want: []string{"NodePort 192.168.1.10:30080", "NodePort 192.168.2.10:30080", "NodePort 203.0.113.5:30080",
+				"NodePort [fd00::10]:30080", "NodePort [fd00::20]:30080"}},
+		{name: "loopback CIDR matches nothing", npa: []string{"127.0.0.0/8", "::1/128"}, node: dual},
+		{name: "loopback primary is not served", override: []string{"127.0.0.1", "10.0.0.1"}},
+		{name: "config addresses override the Node", override: []string{"10.0.0.1", "10.0.0.2"}, node: dual,
+			want: []string{"NodePort 10.0.0.1:30080"}},
+		{name: "no node addresses", node: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.NodePortAddresses = tt.npa
+			for _, a := range tt.override {
+				cfg.NodeAddresses = append(cfg.NodeAddresses, netip.MustParseAddr(a))
+			}
+			svc := newSvc("s", clusterIPs("10.96.0.1", "fd00:96::1"), nodePort(30080))
+			sp, probs := translateOne(t, cfg, tt.node, svc)
+			var got []string
+			for _, f := range feStrings(sp.Frontends) {
+				if strings.HasPrefix(f, "NodePort") {
+					got = append(got, f)
+				}
+			}
+			if !equalStrings(got, tt.want) || len(probs) > 0 {
+				t.Errorf("NodePort frontends %q problems %q, want %q", got, problemStrings(probs), tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tt := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{cfg: Config{}, ok: true},
+		{cfg: Config{NodePortAddresses: []string{"primary"}, Scheduler: "rr"}, ok: true},
+		{cfg: Config{NodePortAddresses: []string{"10.0.0.0/8", "fd00::/8"}}, ok: true},
+		{cfg: Config{NodePortAddresses: []string{"primary", "10.0.0.0/8"}}},
+		{cfg: Config{NodePortAddresses: []string{"10.0.0.0"}}},
+		{cfg: Config{Scheduler: "fastest"}},
+	} {
+		if err := tt.cfg.Validate(); (err == nil) != tt.ok {
+			t.Errorf("%+v: Validate() = %v", tt.cfg, err)
+		}
+	}
+}
