@@ -102,6 +102,24 @@ func TestPrivNamespaceTraffic(t *testing.T) {
 		c.Close()
 	}
 
+	// A pod created after the agent started: its veth gets the program
+	// (the agent watches for new links), so the pod reaches the VIP, and
+	// the backend sees the pod's own address.
+	late := netip.MustParseAddr("10.244.0.50")
+	pod, err := w.Lab.AddPod(w.Node, "late", late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r lab.Result
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		if r = lab.ProbeTCP(pod, late, tcp, time.Second); r.Verdict == lab.OK {
+			break
+		}
+	}
+	if r.Verdict != lab.OK || r.Reply.Peer.Addr() != late {
+		t.Fatalf("pod created after start: %v", r)
+	}
+
 	// Removing an endpoint from the manifests stops new connections to it
 	// within a second.
 	start := time.Now()
