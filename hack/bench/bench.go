@@ -653,6 +653,7 @@ func writeGoal(b *bytes.Buffer, rs []sizeResult) {
 		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2fx | %s | %.2fx |\n", c, l.Xvs.Median, h.Xvs.Median, r, yesNo(r <= goalRatio), ratio(net(h), net(l)))
 	}
 	fmt.Fprintf(b, "\nThe goal is judged on the whole per-packet median, as a packet pays it. The ratio above the floor (xvs median minus the empty program's median) is the stricter view of the program's own cost.\n\n")
+	fmt.Fprintf(b, "What limits it: the table size is not the cost, the spread of traffic is. Every case rotates over all N Services, so at N >= 1000 the conntrack entry, the service slots and above all the per-packet counters (`xvs_svc_stats`, `xvs_backend_stats`, indexed by ID in arrays of 262144 and 2097152 entries) are cache misses, while at N = 1 they stay in L1. Figures from 1k to 100k are flat. In a one-off experiment (not part of `make bench`), sending all traffic to one Service at N = 100k gave 1.15x (hit) and 1.2x (new flow), and dropping the per-packet counters gave 1.1-1.2x for conntrack hits at 1k and 100k. Next steps: counters per flow batch rather than per packet, or one cache line per conntrack entry that carries them.\n\n")
 }
 
 func yesNo(ok bool) string {
