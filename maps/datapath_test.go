@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/model"
 )
@@ -121,25 +123,19 @@ func mustRead(t *testing.T, m *Maps) *Snapshot {
 	return s
 }
 
-func countEntries(t *testing.T, m *Maps) int {
+func countEntries(t *testing.T, m *Maps) int { return countMap(t, m.Services) }
+
+func countBackends(t *testing.T, m *Maps) int { return countMap(t, m.Backends) }
+
+func countMap(t *testing.T, mp *ebpf.Map) int {
 	n := 0
 	var k, v []byte
-	it := m.Services.Iterate()
+	it := mp.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}
 	if err := it.Err(); err != nil {
 		t.Fatal(err)
-	}
-	return n
-}
-
-func countBackends(t *testing.T, m *Maps) int {
-	n := 0
-	var k, v []byte
-	it := m.Backends.Iterate()
-	for it.Next(&k, &v) {
-		n++
 	}
 	return n
 }
