@@ -105,14 +105,9 @@ func dialer(src netip.Addr, p Proto, timeout time.Duration) *net.Dialer {
 // closes it. Errors keep their cause for Classify.
 func DialTCP(ns *NS, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (Reply, net.Conn, error) {
 	deadline := time.Now().Add(timeout)
-	var c net.Conn
-	err := inNS(ns, func() error {
-		var err error
-		c, err = dialer(src, TCP, timeout).Dial(network(TCP, dst.Addr()), dst.String())
-		return err
-	})
+	c, err := dialIn(ns, src, TCP, dst, timeout)
 	if err != nil {
-		return Reply{}, nil, fmt.Errorf("dial tcp %s->%s: %w", src, dst, err)
+		return Reply{}, nil, err
 	}
 	c.SetDeadline(deadline)
 	line, err := readLine(c)
@@ -125,6 +120,21 @@ func DialTCP(ns *NS, src netip.Addr, dst netip.AddrPort, timeout time.Duration) 
 	}
 	c.Close()
 	return Reply{}, nil, fmt.Errorf("greeting from %s: %w", dst, err)
+}
+
+// dialIn opens a p socket in ns from src to dst; the socket keeps its
+// namespace after the thread leaves it.
+func dialIn(ns *NS, src netip.Addr, p Proto, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := inNS(ns, func() error {
+		var err error
+		c, err = dialer(src, p, timeout).Dial(network(p, dst.Addr()), dst.String())
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s %s->%s: %w", p, src, dst, err)
+	}
+	return c, nil
 }
 
 // readLine reads byte by byte up to '\n' so nothing after the greeting is
@@ -152,14 +162,9 @@ func UDPProbe(ns *NS, src netip.Addr, dst netip.AddrPort, payload []byte, timeou
 	if len(payload) == 0 {
 		payload = []byte("xvs-probe\n")
 	}
-	var c net.Conn
-	err := inNS(ns, func() error {
-		var err error
-		c, err = dialer(src, UDP, timeout).Dial(network(UDP, dst.Addr()), dst.String())
-		return err
-	})
+	c, err := dialIn(ns, src, UDP, dst, timeout)
 	if err != nil {
-		return Reply{}, fmt.Errorf("dial udp %s->%s: %w", src, dst, err)
+		return Reply{}, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))

@@ -435,16 +435,24 @@ func (d *Datapath) resetStats(m *ebpf.Map, ids []uint32) error {
 	return nil
 }
 
-func kindOf(k model.FrontendKind) uint8 {
-	switch k {
-	case model.NodePort:
-		return uint8(xbpf.XvsXvsKindXVS_KIND_NODE_PORT)
-	case model.ExternalIP:
-		return uint8(xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP)
-	case model.LoadBalancer:
-		return uint8(xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER)
+// kinds maps model frontend kinds to the datapath's enum, both ways.
+var kinds = map[model.FrontendKind]xbpf.Kind{
+	model.ClusterIP:    xbpf.XvsXvsKindXVS_KIND_CLUSTER_IP,
+	model.NodePort:     xbpf.XvsXvsKindXVS_KIND_NODE_PORT,
+	model.ExternalIP:   xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP,
+	model.LoadBalancer: xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER,
+}
+
+func kindOf(k model.FrontendKind) uint8 { return uint8(kinds[k]) }
+
+// kindFromMap is kindOf's inverse; unknown values read as ClusterIP.
+func kindFromMap(k uint8) model.FrontendKind {
+	for mk, v := range kinds {
+		if uint8(v) == k {
+			return mk
+		}
 	}
-	return uint8(xbpf.XvsXvsKindXVS_KIND_CLUSTER_IP)
+	return model.ClusterIP
 }
 
 func cmpName(a, b model.ServicePortName) int {

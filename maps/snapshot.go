@@ -146,7 +146,7 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		sv := ServiceView{
 			Protocol:  ref.fk.proto.String(),
 			Address:   netip.AddrPortFrom(ref.fk.addr, ref.fk.port),
-			Kind:      model.FrontendKind(kindFromMap(head.Kind)).String(),
+			Kind:      kindFromMap(head.Kind).String(),
 			Scheduler: SchedulerName(xbpf.Sched(head.Sched)),
 			ID:        head.SvcId,
 			Group:     head.GroupId,
@@ -179,18 +179,6 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		}
 	}
 	return snap, nil
-}
-
-func kindFromMap(k uint8) uint8 {
-	switch xbpf.Kind(k) {
-	case xbpf.XvsXvsKindXVS_KIND_NODE_PORT:
-		return uint8(model.NodePort)
-	case xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP:
-		return uint8(model.ExternalIP)
-	case xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER:
-		return uint8(model.LoadBalancer)
-	}
-	return uint8(model.ClusterIP)
 }
 
 func flagNames(f uint16) []string {
