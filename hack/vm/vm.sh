@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# hack/vm/vm.sh: run commands and the privileged test suites in a qemu VM on
+# one of Debian's own kernels (software emulation; no KVM needed).
+#
+#   vm.sh deps                       install qemu and the guest userland's packages (apt)
+#   vm.sh kernel KERNEL              fetch and unpack Debian's newest linux-image-KERNEL.* (cached)
+#   vm.sh image KERNEL               build the guest initramfs for it (cached)
+#   vm.sh run KERNEL [opts] -- CMD   boot, run CMD (sh -c) inside, exit with its status
+#       --share DIR   mount DIR read-write at /host in the guest; CMD runs there (default: the repo)
+#       --timeout S   kill the VM after S seconds (default 1500)
+#       --mem MB      guest memory (default 2048)
+#   vm.sh test KERNEL                build the privileged test binaries and run them in the VM
+#
+# KERNEL is a Debian kernel series: 6.1 (bookworm) or 6.12 (bookworm-security/backports).
+# Everything downloaded or built lives under $XVS_VM_CACHE (default /var/cache/xvs/vm),
+# never in the repository. The guest has no network device (-nic none): tests make their
+# own network namespaces inside it. Output is the guest's serial console, streamed.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE=${XVS_VM_CACHE:-/var/cache/xvs/vm}
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+
+# Host packages whose binaries (with their shared libraries) make the guest userland.
+DEB_PKGS=(qemu-system-x86 busybox-static ipvsadm kmod iproute2 iptables nftables conntrack util-linux cpio)
+# Binaries copied into the guest, with the libraries ldd lists for them.
+GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /usr/sbin/conntrack
+	/usr/bin/nsenter /usr/bin/unshare /usr/bin/kmod /usr/sbin/xtables-nft-multi)
+# Modules loaded at boot (with their dependencies). Missing ones are skipped:
+# not every kernel has every IPVS scheduler.
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p
+	veth dummy sch_ingress cls_bpf
+	nf_conntrack nf_conntrack_netlink nf_nat nf_tables nft_chain_nat nft_ct nft_nat nft_masq
+	nft_reject nft_reject_inet nft_compat nft_fib_inet nf_reject_ipv4 nf_reject_ipv6
+	x_tables ip_tables ip6_tables iptable_filter iptable_nat xt_conntrack xt_MASQUERADE xt_mark
+	xt_comment xt_addrtype xt_nat xt_tcpudp
+	ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_dh ip_vs_sh
+	ip_vs_sed ip_vs_nq ip_vs_mh ip_vs_fo ip_vs_ovf ip_vs_twos)
+# Packages whose privileged tests run in the VM.
+VM_SUITES=${VM_SUITES:-./maps ./cmd/xvs ./ipvs}
+
+log() { echo "vm: $*" >&2; }
+die() { echo "vm: $*" >&2; exit 1; }
+
+cmd_deps() {
+	local missing=()
+	for p in "${DEB_PKGS[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	log "installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# kernel_pkg KERNEL: the newest signed amd64 image package of that series in the apt sources.
+kernel_pkg() {
+	local re="^linux-image-${1//./\\.}\\.[0-9].*-amd64\$" pkg
+	pkg=$(apt-cache search --names-only "$re" | awk '{print $1}' |
+		grep -Ev -- '-(cloud|rt)-amd64$|dbg|unsigned' | sort -V | tail -1)
+	if [ -z "$pkg" ]; then
+		apt-get update -qq
+		pkg=$(apt-cache search --names-only "$re" | awk '{print $1}' |
+			grep -Ev -- '-(cloud|rt)-amd64$|dbg|unsigned' | sort -V | tail -1)
+	fi
+	[ -n "$pkg" ] || die "no linux-image-$1.* package in the apt sources (6.1: bookworm; 6.12: bookworm-security or bookworm-backports)"
+	echo "$pkg"
+}
+
+# cmd_kernel KERNEL: prints the unpacked kernel directory.
+cmd_kernel() {
+	local pkg dir
+	pkg=$(kernel_pkg "$1")
+	dir="$CACHE/kernels/$pkg"
+	if [ ! -e "$dir/.done" ]; then
+		log "downloading $pkg"
+		rm -rf "$dir" && mkdir -p "$dir/deb"
+		(cd "$dir/deb" && apt-get download -qq "$pkg" 2>&1 | grep -v 'unsandboxed' >&2 || true)
+		ls "$dir"/deb/*.deb >/dev/null 2>&1 || die "apt-get download $pkg failed"
+		dpkg-deb -x "$dir"/deb/*.deb "$dir/root"
+		rm -rf "$dir/deb"
+		touch "$dir/.done"
+	fi
+	echo "$dir"
+}
+
+# copy_with_libs ROOT FILE...: FILE and the shared libraries it needs, at the same paths.
+copy_with_libs() {
+	local root=$1 f l
+	shift
+	for f in "$@"; do
+		mkdir -p "$root$(dirname "$f")"
+		cp -L "$f" "$root$f"
+		for l in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*'); do
+			[ -e "$root$l" ] && continue
+			mkdir -p "$root$(dirname "$l")"
+			cp -L "$l" "$root$l"
+		done
+	done
+}
+
+# cmd_image KERNEL: prints the initramfs path.
+cmd_image() {
+	local kdir kver key img root m
+	kdir=$(cmd_kernel "$1")
+	kver=$(ls "$kdir/root/lib/modules")
+	key=$(cat "$HERE/vm.sh" "$HERE/init" | sha256sum | cut -c1-12)
+	img="$CACHE/images/$(basename "$kdir")-$key.cpio.gz"
+	if [ -e "$img" ]; then
+		echo "$img"
+		return
+	fi
+	cmd_deps
+	log "building $img"
+	mkdir -p "$CACHE/images"
+	root=$(mktemp -d "$CACHE/images/root.XXXXXX")
+	# shellcheck disable=SC2064
+	trap "rm -rf '$root'" RETURN
+	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,host,etc,var/run,lib/modules}
+	cp /bin/busybox "$root/bin/busybox"
+	for a in $("$root/bin/busybox" --list); do
+		[ -e "$root/bin/$a" ] || ln -s busybox "$root/bin/$a"
+	done
+	copy_with_libs "$root" "${GUEST_BINS[@]}"
+	for f in /usr/lib/x86_64-linux-gnu/xtables/*.so; do copy_with_libs "$root" "$f"; done
+	for a in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+		ln -sf xtables-nft-multi "$root/usr/sbin/$a"
+	done
+	for a in modprobe lsmod insmod rmmod depmod modinfo; do ln -sf /usr/bin/kmod "$root/usr/sbin/$a"; done
+	ln -sf /usr/bin/kmod "$root/sbin/modprobe" # the kernel's request_module runs /sbin/modprobe
+	# Kernel modules: the dependency closure of GUEST_MODULES, then a fresh depmod.
+	[ -e "$kdir/root/lib/modules/$kver/modules.dep" ] || depmod -b "$kdir/root" "$kver"
+	: >"$root/etc/modules"
+	for m in "${GUEST_MODULES[@]}"; do
+		local deps
+		deps=$(modprobe -d "$kdir/root" -S "$kver" --show-depends "$m" 2>/dev/null) || continue
+		echo "$m" >>"$root/etc/modules"
+		for f in $(echo "$deps" | awk '$1 == "insmod" {print $2}'); do
+			f=${f#"$kdir/root"}
+			mkdir -p "$root$(dirname "$f")"
+			cp -n "$kdir/root$f" "$root$f"
+		done
+	done
+	cp "$kdir/root/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$kver/"
+	depmod -b "$root" "$kver"
+	cp "$HERE/init" "$root/init"
+	chmod +x "$root/init"
+	echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
+	echo "root:x:0:" >"$root/etc/group"
+	printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img.tmp"
+	mv "$img.tmp" "$img"
+	echo "$img"
+}
+
+QEMU_PID=
+CTL=
+stop_vm() {
+	if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
+		kill "$QEMU_PID" 2>/dev/null || true
+		sleep 1
+		kill -9 "$QEMU_PID" 2>/dev/null || true
+	fi
+	QEMU_PID=
+	[ -n "$CTL" ] && rm -rf "$CTL"
+	CTL=
+}
+
+# cmd_run KERNEL [--share DIR] [--timeout S] [--mem MB] -- CMD...
+cmd_run() {
+	local kernel=$1 share=$REPO timeout=1500 mem=2048
+	shift
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--share) share=$(cd "$2" && pwd); shift 2 ;;
+		--timeout) timeout=$2; shift 2 ;;
+		--mem) mem=$2; shift 2 ;;
+		--) shift; break ;;
+		*) die "run: unknown option $1" ;;
+		esac
+	done
+	[ $# -gt 0 ] || die "run: no command"
+	local kdir img kver
+	kdir=$(cmd_kernel "$kernel")
+	img=$(cmd_image "$kernel")
+	kver=$(ls "$kdir/root/lib/modules")
+	CTL=$(mktemp -d /tmp/xvs-vm.XXXXXX)
+	trap stop_vm EXIT INT TERM
+	printf '%s\n' "$*" >"$CTL/cmd"
+	[ -n "${VM_FILES:-}" ] && cp -r "$VM_FILES"/. "$CTL/"
+	log "booting $kver ($(basename "$img")), sharing $share at /host"
+	local start=$SECONDS
+	qemu-system-x86_64 -machine q35 -cpu max -accel tcg,thread=multi -smp 2 -m "$mem" \
+		-kernel "$kdir/root/boot/vmlinuz-$kver" -initrd "$img" \
+		-append "console=ttyS0 panic=-1 oops=panic loglevel=4 xvs.kver=$kver" \
+		-display none -monitor none -serial stdio -no-reboot -nic none \
+		-virtfs "local,path=$CTL,mount_tag=ctl,security_model=none,multidevs=remap" \
+		-virtfs "local,path=$share,mount_tag=host,security_model=none,multidevs=remap" \
+		</dev/null &
+	QEMU_PID=$!
+	local waited=0
+	while kill -0 "$QEMU_PID" 2>/dev/null; do
+		sleep 1
+		waited=$((waited + 1))
+		if [ "$waited" -ge "$timeout" ]; then
+			log "timeout after ${timeout}s: stopping the VM"
+			stop_vm
+			return 124
+		fi
+	done
+	wait "$QEMU_PID" || true
+	QEMU_PID=
+	log "VM ran $((SECONDS - start))s"
+	[ -e "$CTL/rc" ] || { log "the guest ended without reporting a status (crash?)"; return 1; }
+	local rc
+	rc=$(cat "$CTL/rc")
+	return "$rc"
+}
+
+# cmd_test KERNEL: the privileged suites (TestPriv*) of VM_SUITES, in the VM.
+cmd_test() {
+	local kernel=$1 files pkg name script
+	cmd_deps
+	files=$(mktemp -d /tmp/xvs-vmtest.XXXXXX)
+	# shellcheck disable=SC2064
+	trap "rm -rf '$files'" RETURN
+	script="set -u; fail=0"
+	for pkg in $VM_SUITES; do
+		name=$(echo "${pkg#./}" | tr / _)
+		log "go test -c $pkg"
+		(cd "$REPO" && CGO_ENABLED=0 go test -c -o "$files/$name.test" "$pkg")
+		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '^TestPriv' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
+	done
+	script+="; exit \$fail"
+	VM_FILES=$files cmd_run "$kernel" --share "$REPO" -- "$script"
+}
+
+[ $# -ge 1 ] || die "usage: vm.sh deps | kernel K | image K | run K [opts] -- CMD | test K"
+sub=$1
+shift
+case $sub in
+deps) cmd_deps ;;
+kernel) [ $# -eq 1 ] || die "usage: vm.sh kernel KERNEL"; cmd_kernel "$1" ;;
+image) [ $# -eq 1 ] || die "usage: vm.sh image KERNEL"; cmd_image "$1" ;;
+run) [ $# -ge 1 ] || die "usage: vm.sh run KERNEL -- CMD"; cmd_run "$@" ;;
+test) [ $# -eq 1 ] || die "usage: vm.sh test KERNEL"; cmd_test "$1" ;;
+*) die "unknown command $sub" ;;
+esac
