@@ -23,7 +23,7 @@ CACHE=${XVS_VM_CACHE:-/var/cache/xvs/vm}
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 
 # Host packages whose binaries (with their shared libraries) make the guest userland.
-DEB_PKGS=(qemu-system-x86 busybox-static ipvsadm kmod iproute2 iptables nftables conntrack util-linux cpio)
+DEB_PKGS=(qemu-system-x86 xz-utils busybox-static ipvsadm kmod iproute2 iptables nftables conntrack util-linux cpio)
 # Binaries copied into the guest, with the libraries ldd lists for them.
 GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /usr/sbin/conntrack
 	/usr/bin/nsenter /usr/bin/unshare /usr/bin/kmod /usr/sbin/xtables-nft-multi)
@@ -142,7 +142,12 @@ cmd_image() {
 			cp -n "$kdir/root$f" "$root$f"
 		done
 	done
+	# Newer Debian kernels compress modules; plain ones load without kmod's
+	# decompression fallback (and its "Invalid ELF header" noise).
+	find "$root/lib/modules" -name '*.ko.xz' -exec xz -d {} +
+	find "$root/lib/modules" -name '*.ko.zst' -exec zstd -q -d --rm {} +
 	cp "$kdir/root/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$kver/"
+	sed -i 's/\.ko\.\(xz\|zst\)$/.ko/' "$root/lib/modules/$kver/modules.order"
 	depmod -b "$root" "$kver"
 	cp "$HERE/init" "$root/init"
 	chmod +x "$root/init"
