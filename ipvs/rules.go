@@ -1,0 +1,170 @@
+package ipvs
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/xvs-lb/xvs/model"
+)
+
+// TableName is the nftables table (one per family, ip and ip6) that holds
+// every rule xvs's IPVS mode needs. xvs owns it entirely: each sync
+// replaces it atomically and cleanup deletes it, touching nothing else.
+const TableName = "xvs-ipvs"
+
+// The rules do what kube-proxy's IPVS mode does with iptables and ipsets:
+//
+//   - filter_input (priority filter, before IPVS takes the packet at
+//     LOCAL_IN): loadBalancerSourceRanges drop sources outside the ranges
+//     (KUBE-LOAD-BALANCER-FW), then new connections to a dummy-interface
+//     address on a port that is not a Service are rejected
+//     (KUBE-IPVS-FILTER, #72236).
+//   - nat_postrouting: masquerade hairpin connections (KUBE-LOOP-BACK),
+//     external frontends with externalTrafficPolicy=Cluster, and ClusterIP
+//     traffic with masqueradeAll or from outside the pod CIDRs (the
+//     ClusterCIDR local-traffic detector). IPVS with net.ipv4.vs.conntrack=1
+//     keeps conntrack's original tuple (the VIP), which the rules match.
+type ruleApplier interface {
+	Apply(script string) error
+	Delete() error
+}
+
+type nftRules struct{}
+
+func (nftRules) Apply(script string) error {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func (nftRules) Delete() error {
+	var script strings.Builder
+	for _, fam := range []string{"ip", "ip6"} {
+		// Declaring the table first makes the delete succeed when it is absent.
+		fmt.Fprintf(&script, "table %s %s\ndelete table %s %s\n", fam, TableName, fam, TableName)
+	}
+	return nftRules{}.Apply(script.String())
+}
+
+type famSpec struct {
+	nft, addrType string
+	is4           bool
+}
+
+var families = []famSpec{{"ip", "ipv4_addr", true}, {"ip6", "ipv6_addr", false}}
+
+func protoName(p model.Protocol) string { return strings.ToLower(p.String()) }
+
+func elem(k vsKey) string {
+	return fmt.Sprintf("%s . %s . %d", k.Addr, protoName(k.Proto), k.Port)
+}
+
+// renderRules returns the nft script that replaces both families' tables.
+func renderRules(st *model.State, want *desired, cfg Config) string {
+	var b bytes.Buffer
+	for _, fam := range families {
+		var services, cluster, external, lbFW, lbAllow, loop, vips, pods []string
+		for _, k := range want.sortedKeys() {
+			if k.Addr.Is4() != fam.is4 {
+				continue
+			}
+			vs := want.Servers[k]
+			services = append(services, elem(k))
+			switch {
+			case vs.Kind == model.ClusterIP:
+				cluster = append(cluster, elem(k))
+			case vs.Masquerade:
+				external = append(external, elem(k))
+			}
+			for r := range vs.Reals {
+				loop = append(loop, fmt.Sprintf("%s . %s . %d . %s", r.Addr, protoName(k.Proto), r.Port, r.Addr))
+			}
+			if len(vs.SourceRanges) > 0 {
+				lbFW = append(lbFW, elem(k))
+				nodeInRange := false
+				for _, p := range vs.SourceRanges {
+					lbAllow = append(lbAllow, fmt.Sprintf("%s . %s", elem(k), p))
+					for _, a := range st.Node.Addresses {
+						nodeInRange = nodeInRange || p.Contains(a)
+					}
+				}
+				if nodeInRange {
+					// The node reaching its own LB IP uses the LB IP as source.
+					lbAllow = append(lbAllow, fmt.Sprintf("%s . %s", elem(k), k.Addr))
+				}
+			}
+		}
+		for a := range want.VIPs {
+			if a.Is4() == fam.is4 {
+				vips = append(vips, a.String())
+			}
+		}
+		for _, p := range st.PodCIDRs {
+			if p.Addr().Is4() == fam.is4 {
+				pods = append(pods, p.String())
+			}
+		}
+		slices.Sort(vips)
+		slices.Sort(loop)
+		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam.nft, TableName, fam.nft, TableName)
+		if len(services) == 0 {
+			continue
+		}
+		key := fmt.Sprintf("%s . inet_proto . inet_service", fam.addrType)
+		fmt.Fprintf(&b, "table %s %s {\n", fam.nft, TableName)
+		writeSet(&b, "services", key, "", services)
+		writeSet(&b, "cluster_ips", key, "", cluster)
+		writeSet(&b, "masq_external", key, "", external)
+		writeSet(&b, "vips", fam.addrType, "", vips)
+		writeSet(&b, "pod_cidrs", fam.addrType, "interval", pods)
+		writeSet(&b, "loop_back", key+" . "+fam.addrType, "", dedup(loop))
+		writeSet(&b, "lb_fw", key, "", lbFW)
+		writeSet(&b, "lb_allow", key+" . "+fam.addrType, "interval", lbAllow)
+		ip := fam.nft
+		fmt.Fprintf(&b, "\tchain filter_input {\n\t\ttype filter hook input priority filter; policy accept;\n")
+		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw %s daddr . meta l4proto . th dport . %s saddr != @lb_allow counter drop\n", ip, ip, ip)
+		fmt.Fprintf(&b, "\t\tct state new %s daddr @vips %s daddr . meta l4proto . th dport != @services counter reject\n", ip, ip)
+		fmt.Fprintf(&b, "\t}\n")
+		fmt.Fprintf(&b, "\tchain nat_postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
+		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport . %s saddr @loop_back counter masquerade\n", ip, ip)
+		orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)
+		fmt.Fprintf(&b, "\t\t%s @masq_external counter masquerade\n", orig)
+		switch {
+		case st.MasqueradeAll:
+			fmt.Fprintf(&b, "\t\t%s @cluster_ips counter masquerade\n", orig)
+		case len(pods) > 0:
+			fmt.Fprintf(&b, "\t\t%s @cluster_ips ct original %s saddr != @pod_cidrs counter masquerade\n", orig, ip)
+		}
+		fmt.Fprintf(&b, "\t}\n}\n")
+	}
+	return b.String()
+}
+
+func writeSet(b *bytes.Buffer, name, typ, flags string, elems []string) {
+	fmt.Fprintf(b, "\tset %s {\n\t\ttype %s\n", name, typ)
+	if flags != "" {
+		fmt.Fprintf(b, "\t\tflags %s\n", flags)
+	}
+	if len(elems) > 0 {
+		fmt.Fprintf(b, "\t\telements = { %s }\n", strings.Join(elems, ", "))
+	}
+	fmt.Fprintf(b, "\t}\n")
+}
+
+func dedup(l []string) []string {
+	seen := map[string]bool{}
+	out := l[:0]
+	for _, s := range l {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
