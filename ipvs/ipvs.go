@@ -455,7 +455,9 @@ func (d *Datapath) syncReals(vs *virtualServer, existed bool) error {
 	for r := range vs.Reals {
 		keys = append(keys, r)
 	}
-	slices.SortFunc(keys, func(a, b rsKey) int { return netip.AddrPortFrom(a.Addr, a.Port).Compare(netip.AddrPortFrom(b.Addr, b.Port)) })
+	slices.SortFunc(keys, func(a, b rsKey) int {
+		return netip.AddrPortFrom(a.Addr, a.Port).Compare(netip.AddrPortFrom(b.Addr, b.Port))
+	})
 	for _, r := range keys {
 		w := vs.Reals[r]
 		cur, ok := haveBy[r]
