@@ -23,6 +23,7 @@ func commands() []command {
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
 		{"demo", "build a node in network namespaces and send traffic to a VIP", runDemo},
+		{"conformance", "run a directory of conformance scenarios (conformance run DIR --mode ebpf|ipvs)", runConformance},
 	}
 }
 

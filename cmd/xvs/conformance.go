@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+
+	"github.com/xvs-lb/xvs/conformance"
+)
+
+// runConformance dispatches `xvs conformance run|report`.
+func runConformance(args []string) error {
+	usage := errors.New("usage: xvs conformance run DIR --mode ebpf|ipvs [--json FILE] [--run REGEX] [--report FILE]\n" +
+		"       xvs conformance report [-o FILE] RESULTS.json...")
+	if len(args) == 0 {
+		return usage
+	}
+	switch args[0] {
+	case "run":
+		return conformanceRun(args[1:])
+	case "report":
+		return conformanceReport(args[1:])
+	}
+	return usage
+}
+
+// conformanceRun runs a corpus. It fails (exit 1) when any probe fails or
+// any scenario is malformed.
+func conformanceRun(args []string) error {
+	fs := flag.NewFlagSet("conformance run", flag.ContinueOnError)
+	mode := fs.String("mode", conformance.ModeEBPF, "datapath under test: ebpf or ipvs")
+	jsonOut := fs.String("json", "", "also write machine-readable results to FILE")
+	output := fs.String("o", "text", "stdout format: text (one line per probe) or json (results only)")
+	filter := fs.String("run", "", "only scenarios whose name matches this regular expression")
+	report := fs.String("report", "", "also write a Markdown report (this run only) to FILE")
+	logDir := fs.String("log-dir", "", "keep every agent log in DIR (default: kept only when something fails)")
+	// Flags may follow the directory: `run DIR --mode ipvs`.
+	var dir string
+	rest := args
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if dir != "" {
+			return fmt.Errorf("one corpus directory, got %q and %q", dir, fs.Arg(0))
+		}
+		dir, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	if dir == "" {
+		return errors.New("usage: xvs conformance run DIR --mode ebpf|ipvs")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	opts := conformance.Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir}
+	if *output == "json" {
+		opts.Out = os.Stderr
+	} else if *output != "text" {
+		return fmt.Errorf("-o %q: want text or json", *output)
+	}
+	if *filter != "" {
+		if opts.Filter, err = regexp.Compile(*filter); err != nil {
+			return fmt.Errorf("--run: %w", err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	res, runErr := conformance.Run(ctx, dir, opts)
+	if res != nil {
+		if *output == "json" {
+			if err := writeJSON(os.Stdout, res); err != nil {
+				return err
+			}
+		}
+		if *jsonOut != "" {
+			f, err := os.Create(*jsonOut)
+			if err != nil {
+				return err
+			}
+			err = writeJSON(f, res)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if *report != "" {
+			if err := os.WriteFile(*report, conformance.Report([]*conformance.Results{res}, "", nil), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	if res.Failed > 0 {
+		return fmt.Errorf("%d failed", res.Failed)
+	}
+	return nil
+}
+
+func writeJSON(f *os.File, v any) error {
+	enc := json.NewEncoder(f)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// conformanceReport renders results of one or more runs (one per mode) as
+// the Markdown of docs/CONFORMANCE.md.
+func conformanceReport(args []string) error {
+	fs := flag.NewFlagSet("conformance report", flag.ContinueOnError)
+	out := fs.String("o", "docs/CONFORMANCE.md", "output file (- for stdout)")
+	semantics := fs.String("semantics", "", "SEMANTICS.md, to list sections the corpus does not cover (optional)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("usage: xvs conformance report [-o FILE] RESULTS.json...")
+	}
+	var runs []*conformance.Results
+	for _, p := range fs.Args() {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var r conformance.Results
+		if err := json.Unmarshal(b, &r); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		runs = append(runs, &r)
+	}
+	var sections []byte
+	if *semantics != "" {
+		var err error
+		if sections, err = os.ReadFile(*semantics); err != nil {
+			return err
+		}
+	}
+	md := conformance.Report(runs, "", sections)
+	if *out == "-" {
+		_, err := os.Stdout.Write(md)
+		return err
+	}
+	return os.WriteFile(*out, md, 0o644)
+}

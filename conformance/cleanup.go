@@ -1,0 +1,79 @@
+package conformance
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/xvs-lb/xvs/lab"
+	"golang.org/x/sys/unix"
+)
+
+// stalePrefixTag makes every runner namespace, pin directory and temporary
+// directory start with "xvs-cf<pid>-": lab.UniquePrefix(stalePrefixTag).
+const stalePrefixTag = "cf"
+
+// CleanupStale removes what runs that died without cleaning up (a crash, a
+// SIGKILL) left behind: namespaces, bpffs pins and object directories whose
+// owning runner process no longer exists. A live run's leftovers are never
+// touched, so two runs (or a run and a test) can share the machine. Agents
+// of a dead run are already gone: they are started tied to the runner
+// (lab.StartTied) and killed by the kernel when it dies.
+func CleanupStale() error {
+	var errs []error
+	names, err := lab.List("xvs-" + stalePrefixTag)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range names {
+		if stale(n) {
+			errs = append(errs, lab.Cleanup(n))
+		}
+	}
+	for _, glob := range []string{"/sys/fs/bpf/xvs-" + stalePrefixTag + "*", filepath.Join(os.TempDir(), "xvs-"+stalePrefixTag+"*")} {
+		matches, _ := filepath.Glob(glob)
+		for _, m := range matches {
+			if stale(filepath.Base(m)) {
+				errs = append(errs, os.RemoveAll(m))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stale reports whether name ("xvs-cf<pid>-...") belongs to a process that
+// is gone.
+func stale(name string) bool {
+	rest, ok := strings.CutPrefix(name, "xvs-"+stalePrefixTag)
+	if !ok {
+		return false
+	}
+	pidStr, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return false
+	}
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	return unix.Kill(pid, 0) == unix.ESRCH
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// sctpKernel says whether the kernel's SCTP module is present, without
+// loading it (opening an SCTP socket would auto-load sctp.ko).
+func sctpKernel() string {
+	if _, err := os.Stat("/sys/module/sctp"); err == nil {
+		return "the kernel has SCTP"
+	}
+	return "the kernel has no SCTP module loaded"
+}

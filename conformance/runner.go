@@ -1,0 +1,371 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
+)
+
+// Options configure a run.
+type Options struct {
+	// Mode is the datapath under test: ModeEBPF or ModeIPVS.
+	Mode string
+	// Bin is the xvs binary started as the agent in each node namespace.
+	Bin string
+	// ExtraAgentArgs are appended to every agent's flags. For tests that
+	// break the datapath on purpose (--debug-disable-rev-nat); a real run
+	// leaves it empty.
+	ExtraAgentArgs []string
+	// Filter, when set, runs only scenarios whose name matches.
+	Filter *regexp.Regexp
+	// Out receives one line per probe and the summary (nil: discard).
+	Out io.Writer
+	// LogDir keeps each scenario's agent log; empty: a temporary
+	// directory, removed at the end when every scenario passed.
+	LogDir string
+	// SyncTimeout bounds the wait for the agent to apply a version of the
+	// objects; the first one includes loading the datapath. Default 30s.
+	SyncTimeout time.Duration
+}
+
+// Results is a whole run, machine-readable (`-o json`) and the input of
+// the report.
+type Results struct {
+	Mode      string           `json:"mode"`
+	Corpus    string           `json:"corpus"`
+	Started   time.Time        `json:"started"`
+	Duration  Duration         `json:"duration"`
+	Kernel    string           `json:"kernel"`
+	Scenarios []ScenarioResult `json:"scenarios"`
+	Passed    int              `json:"passed"` // probe lines that passed
+	Failed    int              `json:"failed"` // probe lines that failed, malformed and broken scenarios included
+}
+
+// ScenarioResult is one scenario file.
+type ScenarioResult struct {
+	File     string        `json:"file"`
+	Name     string        `json:"name"`
+	Sections []string      `json:"sections,omitempty"`
+	Status   string        `json:"status"` // pass, fail, skip, malformed, error
+	Error    string        `json:"error,omitempty"`
+	Duration Duration      `json:"duration"`
+	Probes   []ProbeResult `json:"probes,omitempty"`
+}
+
+// Scenario statuses.
+const (
+	StatusPass      = "pass"
+	StatusFail      = "fail"
+	StatusSkip      = "skip"      // modes: excludes this mode
+	StatusMalformed = "malformed" // the file does not follow the format
+	StatusError     = "error"     // the world or the agent could not be set up
+)
+
+// Run runs every scenario of dir, in name order, one after the other, and
+// returns the results. The error is for the run itself (unreadable dir,
+// bad options); failures are in the results. ctx cancellation stops after
+// the current scenario is torn down.
+func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
+	switch opts.Mode = canonicalMode(opts.Mode); opts.Mode {
+	case ModeEBPF, ModeIPVS:
+	default:
+		return nil, errors.New("mode: want ebpf or ipvs")
+	}
+	if opts.Bin == "" {
+		return nil, errors.New("no xvs binary to run as the agent")
+	}
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	if opts.SyncTimeout <= 0 {
+		opts.SyncTimeout = 30 * time.Second
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the runner needs root (network namespaces, BPF)")
+	}
+	if err := CleanupStale(); err != nil {
+		fmt.Fprintf(opts.Out, "warning: cleaning up a crashed run: %v\n", err)
+	}
+	scs, bad, err := LoadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	keepLogs := opts.LogDir != ""
+	if opts.LogDir == "" {
+		if opts.LogDir, err = os.MkdirTemp("", "xvs-conformance-logs-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(opts.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	res := &Results{Mode: opts.Mode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease()}
+	for _, e := range bad {
+		var me *MalformedError
+		file, reason := "", e.Error()
+		if errors.As(e, &me) {
+			file, reason = me.File, me.Err.Error()
+		}
+		name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(file), ".yaml"), ".yml")
+		if opts.Filter != nil && !opts.Filter.MatchString(name) {
+			continue
+		}
+		sr := ScenarioResult{File: file, Name: name, Status: StatusMalformed, Error: reason}
+		fmt.Fprintf(opts.Out, "FAIL  %s | (malformed scenario) | %s | %s\n", name, file, oneLine(reason))
+		res.Failed++
+		res.Scenarios = append(res.Scenarios, sr)
+	}
+	for _, sc := range scs {
+		if opts.Filter != nil && !opts.Filter.MatchString(sc.Name) {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		sr := runScenario(ctx, sc, &opts)
+		for _, p := range sr.Probes {
+			if p.Pass {
+				res.Passed++
+			} else {
+				res.Failed++
+			}
+		}
+		if sr.Status == StatusError {
+			res.Failed++
+		}
+		res.Scenarios = append(res.Scenarios, sr)
+	}
+	res.Duration = Duration(time.Since(res.Started))
+	fmt.Fprintf(opts.Out, "%d passed, %d failed\n", res.Passed, res.Failed)
+	if !keepLogs {
+		if res.Failed == 0 {
+			os.RemoveAll(opts.LogDir)
+		} else {
+			fmt.Fprintf(opts.Out, "agent logs: %s\n", opts.LogDir)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("interrupted: %w", err)
+	}
+	return res, nil
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// runScenario realises one scenario, runs its probes or steps, and tears
+// everything down whatever happened.
+func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResult {
+	start := time.Now()
+	sr := ScenarioResult{File: sc.File, Name: sc.Name, Sections: sc.Sections}
+	defer func() { sr.Duration = Duration(time.Since(start)) }()
+	if !sc.RunsIn(opts.Mode) {
+		sr.Status = StatusSkip
+		fmt.Fprintf(opts.Out, "SKIP  %s | modes %v exclude %s\n", sc.Name, sc.Modes, opts.Mode)
+		return sr
+	}
+	fail := func(err error) ScenarioResult {
+		sr.Status = StatusError
+		sr.Error = err.Error()
+		fmt.Fprintf(opts.Out, "FAIL  %s | (setup) | runnable scenario | %s\n", sc.Name, oneLine(err.Error()))
+		return sr
+	}
+	w, err := newWorld(sc, opts)
+	if w != nil {
+		defer w.close(opts.Bin)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if err := w.start(ctx, opts); err != nil {
+		return fail(err)
+	}
+	report := func(step int, name, expected, observed, why string, pass bool) {
+		verdict := "PASS"
+		if !pass {
+			verdict = "FAIL"
+		}
+		label := name
+		if step > 0 {
+			label = fmt.Sprintf("step %d: %s", step, name)
+		}
+		if why != "" {
+			expected += " (" + opts.Mode + " override: " + why + ")"
+		}
+		fmt.Fprintf(opts.Out, "%s  %s | %s | %s | %s\n", verdict, sc.Name, label, expected, observed)
+		sr.Probes = append(sr.Probes, ProbeResult{Step: step, Probe: name, Expected: expected, Observed: observed, Pass: pass, Override: why})
+	}
+	runProbes := func(step int, ps []Probe) {
+		for i := range ps {
+			p := &ps[i]
+			exp, why := sc.ExpectFor(opts.Mode, p)
+			aff := exp.Verdict == "" && affinityFor(w.objs.services(), sc.nodeAddrs, p.to, p.proto)
+			obs, pass := w.runProbe(p, exp, aff)
+			report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)
+		}
+	}
+
+	runProbes(0, sc.Probes)
+	for i, st := range sc.Steps {
+		if ctx.Err() != nil {
+			break
+		}
+		n := i + 1
+		switch {
+		case st.Probes != nil:
+			runProbes(n, st.Probes)
+		case st.Apply != nil || st.Delete != nil:
+			if st.Apply != nil {
+				err = w.objs.apply(st.Apply)
+			} else {
+				w.objs.delete(st.Delete)
+			}
+			if err == nil {
+				err = w.writeObjects()
+			}
+			if err == nil {
+				err = w.waitSynced(ctx, opts.SyncTimeout)
+			}
+			if err != nil {
+				what := "apply"
+				if st.Delete != nil {
+					what = "delete"
+				}
+				report(n, what, "applied by the agent", "ERROR: "+oneLine(err.Error()), "", false)
+				return finish(&sr)
+			}
+		case st.Hold != nil:
+			obs, pass := w.hold(st.Hold)
+			report(n, "hold "+st.Hold.Name, "connected to a backend", obs, "", pass)
+		case st.Check != nil:
+			obs, pass := w.check(st.Check)
+			want := "alive"
+			if !*st.Check.Alive {
+				want = "broken"
+			}
+			report(n, "check "+st.Check.Held, want, obs, "", pass)
+		case st.Sleep != nil:
+			select {
+			case <-time.After(time.Duration(*st.Sleep)):
+			case <-ctx.Done():
+			}
+		}
+	}
+	if ended, aerr := w.agent.Exited(); ended {
+		report(0, "agent", "running throughout", fmt.Sprintf("exited (%v): %s", aerr, oneLine(logTail(w.agent.Log, 3))), "", false)
+	}
+	return finish(&sr)
+}
+
+func finish(sr *ScenarioResult) ScenarioResult {
+	sr.Status = StatusPass
+	for _, p := range sr.Probes {
+		if !p.Pass {
+			sr.Status = StatusFail
+		}
+	}
+	return *sr
+}
+
+// hold opens a TCP connection and keeps it open for later checks.
+func (w *world) hold(h *Hold) (string, bool) {
+	c, err := w.clientFor(h.From)
+	if err != nil {
+		return "ERROR: " + err.Error(), false
+	}
+	r, conn, err := lab.DialTCP(c.ns, c.src, h.to, DefaultTimeout)
+	if err != nil {
+		t := try{verdict: lab.Classify(err), err: err}
+		return fmt.Sprintf("%s (%v)", t.outcome(h.to), err), false
+	}
+	w.holds[h.Name] = conn
+	return "connected to " + (try{verdict: lab.OK, reply: r}).outcome(h.to), true
+}
+
+// check sends data on a held connection and waits for the echo.
+func (w *world) check(c *Check) (string, bool) {
+	conn, ok := w.holds[c.Held]
+	if !ok {
+		return "ERROR: hold " + c.Held + " was never established", false
+	}
+	err := lab.EchoCheck(conn, DefaultTimeout)
+	alive := err == nil
+	obs := "alive"
+	if !alive {
+		obs = fmt.Sprintf("broken (%v)", err)
+	}
+	return obs, alive == *c.Alive
+}
+
+// newWorld builds the namespaces of a scenario; the world is returned even
+// on error so the caller can tear down what exists.
+func newWorld(sc *Scenario, opts *Options) (*world, error) {
+	prefix := lab.UniquePrefix(stalePrefixTag)
+	l, err := lab.New(prefix)
+	if err != nil {
+		return nil, err
+	}
+	w := &world{sc: sc, mode: opts.Mode, lab: l, objs: newObjectSet(), written: map[string][]byte{}, holds: map[string]net.Conn{}}
+	w.pinPath = filepath.Join("/sys/fs/bpf", strings.TrimSuffix(prefix, "-"))
+	if w.dir, err = os.MkdirTemp("", prefix+"objects-"); err != nil {
+		return w, err
+	}
+	w.logPath = filepath.Join(opts.LogDir, sc.Name+".agent.log")
+	if err := w.objs.apply(sc.Objects); err != nil {
+		return w, err
+	}
+	if err := w.build(); err != nil {
+		return w, fmt.Errorf("build namespaces: %w", err)
+	}
+	text, _ := os.ReadFile(sc.File)
+	if err := w.startSentinel(text); err != nil {
+		return w, err
+	}
+	return w, nil
+}
+
+// start writes the objects, starts the agent and waits for it to apply them.
+func (w *world) start(ctx context.Context, opts *Options) error {
+	if err := w.writeObjects(); err != nil {
+		return err
+	}
+	args, err := agentArgs(w.sc, opts.Mode, w.dir, w.pinPath)
+	if err != nil {
+		return err
+	}
+	args = append(args, opts.ExtraAgentArgs...)
+	if w.agent, err = lab.StartTied(w.node.NS, w.logPath, opts.Bin, args...); err != nil {
+		return err
+	}
+	if err := w.waitSynced(ctx, opts.SyncTimeout); err != nil {
+		return fmt.Errorf("%w; agent log tail: %s", err, oneLine(logTail(w.logPath, 5)))
+	}
+	return nil
+}
+
+// close stops the agent, removes its datapath and pins, and deletes every
+// namespace and file of the world.
+func (w *world) close(bin string) {
+	for _, c := range w.holds {
+		c.Close()
+	}
+	if w.agent != nil {
+		w.agent.Stop(5 * time.Second)
+	}
+	if w.node != nil && w.agent != nil {
+		lab.Run(w.node.NS, bin, "cleanup", "--pin-path", w.pinPath)
+	}
+	os.RemoveAll(w.pinPath)
+	w.sentinel.close()
+	w.lab.Close()
+	if w.dir != "" {
+		os.RemoveAll(w.dir)
+	}
+}

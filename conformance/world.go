@@ -1,0 +1,369 @@
+package conformance
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/xvs-lb/xvs/lab"
+)
+
+// world is one scenario realised in network namespaces:
+//
+//	node     the node under test: node.addresses on lo, the agent, its
+//	         hostNetwork endpoints and host clients
+//	pN       pods on the node (local endpoints, pod clients), veth "lxcN"
+//	remote   another node behind a fabric link, with the remote endpoints
+//	         and remote-pod clients (rN)
+//	ext      every external client address, behind the node's "ext" link
+//	sink     owns every probed destination no namespace owns (Service
+//	         VIPs, unallocated IPs) and listens there, so traffic the proxy
+//	         leaves untouched is seen as PASS rather than mistaken for a
+//	         REJECT (no route) or a DROP
+//	syncc/syncb  the runner's own sentinel client and backend (sync.go)
+type world struct {
+	sc   *Scenario
+	mode string
+	lab  *lab.Lab
+
+	node   *lab.Node
+	remote *lab.Node
+	fabric *lab.Fabric
+	ext    *lab.NS
+	sink   *lab.NS
+
+	eps  map[netip.Addr]*endpointInfo
+	pods map[netip.Addr]*lab.NS // endpoint and pod-client namespaces by address
+	npod int
+
+	// listening is every (address, port, protocol) served by an echo server.
+	listening map[listenKey]bool
+	// unsupported records why some listeners could not be started (SCTP).
+	unsupported map[listenKey]string
+
+	objs     *objectSet        // the objects that exist now
+	written  map[string][]byte // files in dir, by name
+	gen      int               // generation of the last write (sentinel port)
+	sentinel *sentinel
+	dir      string // the agent's --objects directory
+	pinPath  string
+	logPath  string
+	agent    *lab.Process
+	holds    map[string]net.Conn
+}
+
+type listenKey struct {
+	ap    netip.AddrPort
+	proto string
+}
+
+// nodeOwned reports whether a is one of the node's own addresses.
+func (w *world) nodeOwned(a netip.Addr) bool {
+	return slices.Contains(w.node.Addrs, a) || a.IsLoopback()
+}
+
+// roleOf applies FORMAT.md's "Roles of from" to an address. An address
+// that is a remote endpoint is a remote pod: the runner cannot place one
+// address in two namespaces.
+func (w *world) roleOf(f From) Role {
+	if f.Role != RoleAuto {
+		return f.Role
+	}
+	switch {
+	case slices.Contains(w.sc.nodeAddrs, f.IP) || f.IP.IsLoopback():
+		return RoleHost
+	case w.eps[f.IP] != nil && !w.eps[f.IP].local && !slices.Contains(w.sc.nodeAddrs, f.IP):
+		return RoleRemotePod
+	case w.eps[f.IP] != nil, prefixesContain(w.sc.podCIDRs, f.IP):
+		return RolePod
+	}
+	return RoleExternal
+}
+
+func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// client is where a probe runs from.
+type client struct {
+	ns   *lab.NS
+	src  netip.Addr
+	role Role
+}
+
+// clientFor returns the namespace of a source built by build.
+func (w *world) clientFor(f From) (client, error) {
+	role := w.roleOf(f)
+	c := client{src: f.IP, role: role}
+	switch role {
+	case RoleHost:
+		c.ns = w.node.NS
+	case RoleExternal:
+		c.ns = w.ext
+	case RolePod, RoleRemotePod:
+		c.ns = w.pods[f.IP]
+	}
+	if c.ns == nil {
+		return c, fmt.Errorf("no namespace for source %s (%s)", f.IP, role)
+	}
+	return c, nil
+}
+
+// allSources lists every probe and hold source and destination, with the
+// probe protocol (holds are TCP).
+type flow struct {
+	from  From
+	to    netip.AddrPort
+	proto string
+}
+
+func (s *Scenario) flows() []flow {
+	var out []flow
+	add := func(ps []Probe) {
+		for _, p := range ps {
+			out = append(out, flow{p.From, p.to, p.proto})
+		}
+	}
+	add(s.Probes)
+	for _, st := range s.Steps {
+		add(st.Probes)
+		if st.Hold != nil {
+			out = append(out, flow{st.Hold.From, st.Hold.to, "TCP"})
+		}
+	}
+	return out
+}
+
+// build creates every namespace, address, route and listener of the
+// scenario. On error the caller still closes the lab, which removes what
+// was made.
+func (w *world) build() error {
+	var err error
+	w.eps = map[netip.Addr]*endpointInfo{}
+	w.pods = map[netip.Addr]*lab.NS{}
+	w.listening = map[listenKey]bool{}
+	w.unsupported = map[listenKey]string{}
+	if w.node, err = w.lab.AddNode("node", w.sc.nodeAddrs...); err != nil {
+		return err
+	}
+	listen := map[*lab.NS]map[netip.AddrPort][]string{}
+	want := func(ns *lab.NS, ap netip.AddrPort, proto string) {
+		if listen[ns] == nil {
+			listen[ns] = map[netip.AddrPort][]string{}
+		}
+		if !slices.Contains(listen[ns][ap], proto) {
+			listen[ns][ap] = append(listen[ns][ap], proto)
+		}
+	}
+
+	// Endpoints: pods exist for the whole scenario; steps only change
+	// which of them are endpoints.
+	for _, e := range collectEndpoints(w.sc) {
+		w.eps[e.addr] = e
+		var ns *lab.NS
+		switch {
+		case w.nodeOwned(e.addr): // hostNetwork endpoint
+			ns = w.node.NS
+		case e.local:
+			if ns, err = w.addPod(w.node, e.addr); err != nil {
+				return err
+			}
+		default:
+			if ns, err = w.addRemotePod(e.addr); err != nil {
+				return err
+			}
+		}
+		for _, p := range e.ports {
+			want(ns, netip.AddrPortFrom(e.addr, p.port), p.proto)
+		}
+	}
+
+	// Clients.
+	var externals []netip.Addr
+	for _, f := range w.sc.flows() {
+		a := f.from.IP
+		switch w.roleOf(f.from) {
+		case RoleHost:
+			if !w.nodeOwned(a) {
+				if err := w.node.AddAddr("lo", netip.PrefixFrom(a, a.BitLen())); err != nil {
+					return err
+				}
+				w.node.Addrs = append(w.node.Addrs, a)
+			}
+		case RolePod:
+			if ns := w.pods[a]; ns != nil {
+				if ns.Node != w.node {
+					return fmt.Errorf("source %s has role pod but is an endpoint on another node", a)
+				}
+				continue
+			}
+			if o := w.lab.Owner(a); o != nil {
+				return fmt.Errorf("source %s (pod) already belongs to %s", a, o.Name)
+			}
+			if _, err := w.addPod(w.node, a); err != nil {
+				return err
+			}
+		case RoleRemotePod:
+			if ns := w.pods[a]; ns != nil {
+				if ns.Node == w.node {
+					return fmt.Errorf("source %s has role remote-pod but is a local endpoint", a)
+				}
+				continue
+			}
+			if _, err := w.addRemotePod(a); err != nil {
+				return err
+			}
+		case RoleExternal:
+			if o := w.lab.Owner(a); o != nil {
+				return fmt.Errorf("source %s (external) already belongs to %s", a, o.Name)
+			}
+			if !slices.Contains(externals, a) {
+				externals = append(externals, a)
+			}
+		}
+	}
+	if len(externals) > 0 {
+		if w.ext, err = w.lab.AddClient(w.node, "ext", externals...); err != nil {
+			return err
+		}
+	}
+
+	// Destinations: every probed address:port gets a listener where it
+	// lives, so an untouched packet answers "PASS" instead of looking like
+	// a REJECT (nothing listening) or DROP (no route).
+	var sinkAddrs []netip.Addr
+	type sinkWant struct {
+		ap    netip.AddrPort
+		proto string
+	}
+	var sinkWants []sinkWant
+	for _, f := range w.sc.flows() {
+		var owner *lab.NS
+		switch a := f.to.Addr(); {
+		case a.IsLoopback():
+			c, err := w.clientFor(f.from)
+			if err != nil {
+				return err
+			}
+			owner = c.ns
+		default:
+			owner = w.lab.Owner(a)
+		}
+		if owner != nil {
+			want(owner, f.to, f.proto)
+			continue
+		}
+		if !slices.Contains(sinkAddrs, f.to.Addr()) {
+			sinkAddrs = append(sinkAddrs, f.to.Addr())
+		}
+		sinkWants = append(sinkWants, sinkWant{f.to, f.proto})
+	}
+	if len(sinkAddrs) > 0 {
+		if w.sink, err = w.lab.AddClient(w.node, "sink", sinkAddrs...); err != nil {
+			return err
+		}
+		for _, s := range sinkWants {
+			want(w.sink, s.ap, s.proto)
+		}
+	}
+
+	for ns, aps := range listen {
+		for ap, protos := range aps {
+			if err := w.startListener(ns, ap, protos); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// addPod creates a pod namespace on node with address a.
+func (w *world) addPod(node *lab.Node, a netip.Addr) (*lab.NS, error) {
+	w.npod++
+	base := "p"
+	if node != w.node {
+		base = "r"
+	}
+	ns, err := w.lab.AddPod(node, fmt.Sprintf("%s%d", base, w.npod), a)
+	if err != nil {
+		return nil, err
+	}
+	w.pods[a] = ns
+	return ns, nil
+}
+
+// addRemotePod puts a pod on the remote node (created on first use, with a
+// fabric link to the node and a default route back) and routes its address
+// from the node across the fabric.
+func (w *world) addRemotePod(a netip.Addr) (*lab.NS, error) {
+	if w.remote == nil {
+		var err error
+		if w.remote, err = w.lab.AddNode("remote"); err != nil {
+			return nil, err
+		}
+		if w.fabric, err = w.lab.Link(w.node, w.remote); err != nil {
+			return nil, err
+		}
+		defaults := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+		if hasIPv6() {
+			defaults = append(defaults, netip.MustParsePrefix("::/0"))
+		}
+		if err := w.fabric.Route(w.remote, defaults...); err != nil {
+			return nil, err
+		}
+	}
+	ns, err := w.addPod(w.remote, a)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.fabric.Route(w.node, netip.PrefixFrom(a, a.BitLen())); err != nil {
+		return nil, err
+	}
+	return ns, nil
+}
+
+// startListener starts an echo server on ap for the protocols it can
+// serve. SCTP cannot be served by the lab's echo servers (Go has no SCTP
+// sockets); it is recorded so probes to it fail with that reason.
+func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) error {
+	var ps []lab.Proto
+	for _, p := range protos {
+		k := listenKey{ap, p}
+		switch p {
+		case "TCP":
+			ps = append(ps, lab.TCP)
+		case "UDP":
+			ps = append(ps, lab.UDP)
+		default:
+			w.unsupported[k] = "the runner has no " + p + " listener"
+			continue
+		}
+		w.listening[k] = true
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	if _, err := lab.StartEcho(ns, ap, ps...); err != nil {
+		return fmt.Errorf("listener %s %v: %w", ap, protos, err)
+	}
+	return nil
+}
+
+// hasIPv6 reports whether the kernel has IPv6 (the lab skips IPv6 setup
+// without it, and so do we).
+func hasIPv6() bool {
+	_, err := os.Stat("/proc/sys/net/ipv6")
+	return err == nil
+}
+
+// describe is a one-line summary of the namespaces, for logs.
+func (w *world) describe() string {
+	var parts []string
+	for _, ns := range w.lab.Namespaces() {
+		parts = append(parts, strings.TrimPrefix(ns.Name, w.lab.Prefix)+"="+fmt.Sprint(ns.Addrs))
+	}
+	return strings.Join(parts, " ")
+}
