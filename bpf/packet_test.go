@@ -202,18 +202,18 @@ func TestPrivPacketTCPFlags(t *testing.T) {
 
 	e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 41000, dport: 80, syn: true}))
 	c, ok := ctEntry(t, e, cl, fe, model.TCP)
-	if !ok || c.Flags&uint8(xbpf.XvsXvsCtFlagsXVS_CT_F_SYN) == 0 {
+	if !ok || c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SYN) == 0 {
 		t.Fatalf("SYN did not open a flow: %+v %v", c, ok)
 	}
 	// The reply marks the flow established on the forward entry.
 	e.run(t, packet(t, backend1.Addr(), client, l4{proto: model.TCP, sport: 8080, dport: 41000, syn: true, ack: true}))
 	c, _ = ctEntry(t, e, cl, fe, model.TCP)
-	if c.Flags&uint8(xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY) == 0 {
+	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY) == 0 {
 		t.Fatalf("reply did not mark the flow established: %+v", c)
 	}
 	e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 41000, dport: 80, fin: true, ack: true}))
 	c, _ = ctEntry(t, e, cl, fe, model.TCP)
-	if c.Flags&uint8(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
+	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
 		t.Fatalf("FIN did not mark the flow closing: %+v", c)
 	}
 
@@ -229,7 +229,7 @@ func TestPrivPacketTCPFlags(t *testing.T) {
 		t.Fatalf("in-flow RST: ret %d", ret)
 	}
 	c, _ = ctEntry(t, e, netip.AddrPortFrom(client, 43000), fe, model.TCP)
-	if c.Flags&uint8(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
+	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
 		t.Fatalf("RST did not mark the flow closing: %+v", c)
 	}
 }

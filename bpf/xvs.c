@@ -50,6 +50,8 @@ static __always_inline __be32 addr_v4(const __u8 addr[16])
 static __always_inline int handle_reply(struct __sk_buff *skb, struct xvs_pkt *p, struct xvs_ct_entry *e,
 					__u64 now)
 {
+	bool first = false;
+
 	if (!(e->flags & XVS_CT_F_SEEN_REPLY)) {
 		/* First reply: the forward entry learns the flow is
 		 * established, so it takes the long timeout. */
@@ -61,10 +63,12 @@ static __always_inline int handle_reply(struct __sk_buff *skb, struct xvs_pkt *p
 		if (fe) {
 			fe->flags |= XVS_CT_F_SEEN_REPLY;
 			fe->expires = now + ct_lifetime_ns(p->proto, fe->flags);
+			stats_flush(fe);
 		}
+		first = true;
 	}
 	ct_touch(e, p, now);
-	stats_flow(e->svc_id, e->backend_id, false, false, skb->len);
+	ct_account(e, skb->len, first);
 	if (!cfg_rev_nat)
 		return verdict(TC_ACT_OK, XVS_V_REPLY, skb);
 	if (nat_rewrite_v4(skb, p, true, addr_v4(e->nat_addr), e->nat_port))
@@ -97,13 +101,17 @@ static __always_inline int handle_new(struct __sk_buff *skb, struct xvs_pkt *p, 
 
 	__be32 be_addr = addr_v4(be->addr);
 	__be16 be_port = be->port;
-	__u8 flags = (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)) ? XVS_CT_F_SYN : 0;
+	__u16 flags = (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)) ? XVS_CT_F_SYN : 0;
 	struct xvs_ct_key fk = {}, rk = {};
 	struct xvs_ct_entry fwd = {
 		.backend_id = backend_id,
 		.svc_id = svc->svc_id,
 		.nat_port = be_port,
 		.flags = flags,
+		/* The first packet waits in the entry like any other: the
+		 * first reply flushes it with the connection count. */
+		.packets = 1,
+		.bytes = skb->len,
 	};
 	struct xvs_ct_entry rev = {
 		.backend_id = backend_id,
@@ -122,7 +130,6 @@ static __always_inline int handle_new(struct __sk_buff *skb, struct xvs_pkt *p, 
 	bpf_map_update_elem(&xvs_conntrack, &rk, &rev, BPF_ANY);
 	bpf_map_update_elem(&xvs_conntrack, &fk, &fwd, BPF_ANY);
 
-	stats_flow(svc->svc_id, backend_id, true, true, skb->len);
 	if (nat_rewrite_v4(skb, p, false, be_addr, be_port))
 		return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
 	return verdict(TC_ACT_OK, XVS_V_FWD_NEW, skb);
@@ -153,11 +160,14 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 			return handle_reply(skb, &p, e, now);
 		if (ct_usable(e, &p, now)) {
 			ct_touch(e, &p, now);
-			stats_flow(e->svc_id, e->backend_id, true, false, skb->len);
+			ct_account(e, skb->len, false);
 			if (nat_rewrite_v4(skb, &p, false, addr_v4(e->nat_addr), e->nat_port))
 				return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
 			return verdict(TC_ACT_OK, XVS_V_FWD_ESTABLISHED, skb);
 		}
+		/* The entry is about to be replaced by a new flow: count
+		 * what it still holds. */
+		stats_flush(e);
 	}
 
 	if (!p.has_l4)

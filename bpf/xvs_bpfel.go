@@ -36,9 +36,13 @@ type XvsXvsCtEntry struct {
 	BackendId uint32
 	SvcId     uint32
 	NatAddr   [16]uint8
+	SnatAddr  [16]uint8
 	NatPort   uint16
-	Flags     uint8
-	Pad       [5]uint8
+	SnatPort  uint16
+	Flags     uint16
+	Pad       uint16
+	Packets   uint32
+	Bytes     uint32
 }
 
 type XvsXvsCtFlags uint32
@@ -48,6 +52,9 @@ const (
 	XvsXvsCtFlagsXVS_CT_F_CLOSING    XvsXvsCtFlags = 2
 	XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY XvsXvsCtFlags = 4
 	XvsXvsCtFlagsXVS_CT_F_SYN        XvsXvsCtFlags = 8
+	XvsXvsCtFlagsXVS_CT_F_COUNTED    XvsXvsCtFlags = 16
+	XvsXvsCtFlagsXVS_CT_F_SNAT       XvsXvsCtFlags = 32
+	XvsXvsCtFlagsXVS_CT_F_HELD       XvsXvsCtFlags = 64
 )
 
 type XvsXvsCtKey struct {

@@ -111,7 +111,7 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		return nil, fmt.Errorf("read services: %w", err)
 	}
 
-	conns, err := m.connCounts()
+	flows, err := m.flowCountsFromConntrack()
 	if err != nil {
 		return nil, err
 	}
@@ -130,10 +130,11 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 				ID:      bid, Weight: be.Weight,
 				Local: be.Flags&uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL) != 0,
 			}
-			c := conns[[2]uint32{head.SvcId, bid}]
-			bv.ActiveConns, bv.InactiveConns = c[0], c[1]
+			c := flows[[2]uint32{head.SvcId, bid}]
+			bv.ActiveConns, bv.InactiveConns = c.active, c.inactive
 			if withStats {
 				bv.Stats, _ = sumStats(m.BackendStats, bid)
+				c.add(&bv.Stats)
 			}
 			out = append(out, bv)
 		}
@@ -162,6 +163,9 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		}
 		if withStats {
 			sv.Stats, _ = sumStats(m.SvcStats, head.SvcId)
+			for _, b := range sv.Backends {
+				flows[[2]uint32{head.SvcId, b.ID}].add(&sv.Stats)
+			}
 		}
 		snap.Services = append(snap.Services, sv)
 	}
@@ -215,31 +219,60 @@ func sumStats(m *ebpf.Map, id uint32) (xbpf.Stats, error) {
 	return sum, nil
 }
 
-// connCounts counts live forward conntrack entries per (service, backend):
-// [0] active (established TCP), [1] inactive (anything else).
-func (m *Maps) connCounts() (map[[2]uint32][2]int, error) {
+// flowCounts is what live conntrack entries hold for one (service,
+// backend): IPVS's active and inactive connections, and the packets and
+// bytes the datapath has not yet flushed into the per-CPU counters.
+type flowCounts struct {
+	active, inactive int
+	pending          xbpf.Stats
+}
+
+// add folds the pending counts into s.
+func (c flowCounts) add(s *xbpf.Stats) {
+	s.Conns += c.pending.Conns
+	s.PacketsIn += c.pending.PacketsIn
+	s.PacketsOut += c.pending.PacketsOut
+	s.BytesIn += c.pending.BytesIn
+	s.BytesOut += c.pending.BytesOut
+}
+
+// flowCountsFromConntrack walks the conntrack map once. Active means an
+// established TCP flow, as IPVS counts it; inactive is any other live
+// forward entry.
+func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return nil, fmt.Errorf("read clock: %w", err)
 	}
 	now := uint64(ts.Nano())
-	out := map[[2]uint32][2]int{}
+	out := map[[2]uint32]flowCounts{}
 	var k xbpf.CtKey
 	var e xbpf.CtEntry
 	it := m.Conntrack.Iterate()
 	for it.Next(&k, &e) {
 		flags := xbpf.CtFlags(e.Flags)
-		if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 || e.Expires < now {
+		id := [2]uint32{e.SvcId, e.BackendId}
+		c := out[id]
+		if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 {
+			c.pending.PacketsOut += uint64(e.Packets)
+			c.pending.BytesOut += uint64(e.Bytes)
+			out[id] = c
 			continue
 		}
-		c := out[[2]uint32{e.SvcId, e.BackendId}]
-		if model.Protocol(k.Proto) == model.TCP && flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY != 0 &&
-			flags&xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING == 0 {
-			c[0]++
-		} else {
-			c[1]++
+		c.pending.PacketsIn += uint64(e.Packets)
+		c.pending.BytesIn += uint64(e.Bytes)
+		if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_COUNTED == 0 {
+			c.pending.Conns++
 		}
-		out[[2]uint32{e.SvcId, e.BackendId}] = c
+		switch {
+		case e.Expires < now:
+		case model.Protocol(k.Proto) == model.TCP && flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY != 0 &&
+			flags&xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING == 0:
+			c.active++
+		default:
+			c.inactive++
+		}
+		out[id] = c
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read conntrack: %w", err)

@@ -11,6 +11,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "stats.h"
 #include "types.h"
 
 #define NSEC_PER_SEC 1000000000ULL
@@ -21,6 +22,10 @@ volatile const __u32 cfg_ct_tcp_established_s = 86400;
 volatile const __u32 cfg_ct_tcp_closing_s = 10;
 volatile const __u32 cfg_ct_udp_s = 30;
 volatile const __u32 cfg_ct_udp_stream_s = 120;
+
+/* A flow's packets are added to the service and backend counters in
+ * batches of this many (see ct_account). */
+#define CT_FLUSH_PACKETS 64
 
 /* Only refresh an entry's expiry when it moves by more than this, so that a
  * busy flow does not write its cache line on every packet. */
@@ -37,7 +42,7 @@ static __always_inline void ct_key_v4(struct xvs_ct_key *k, __be32 saddr, __be32
 	k->family = XVS_FAMILY_IPV4;
 }
 
-static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
+static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u16 flags)
 {
 	__u32 s;
 
@@ -54,7 +59,7 @@ static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u8 flags)
  * to its closing timeout, a reply marks the flow as seen both ways. */
 static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pkt *p, __u64 now)
 {
-	__u8 flags = e->flags;
+	__u16 flags = e->flags;
 
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		flags |= XVS_CT_F_CLOSING;
@@ -71,6 +76,20 @@ static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pk
 	} else if (expires > e->expires + CT_REFRESH_SLACK_NS) {
 		e->expires = expires;
 	}
+}
+
+/* Count one packet on its conntrack entry. The per-CPU service and backend
+ * counters get the batch when it is full, when force is set (the first
+ * reply of a flow), and on every packet of a closing flow, so that short
+ * flows are counted in full while they close. An entry that expires
+ * silently loses at most one unflushed batch; `xvs list` adds the pending
+ * counts of live entries. */
+static __always_inline void ct_account(struct xvs_ct_entry *e, __u32 bytes, bool force)
+{
+	e->packets++;
+	e->bytes += bytes;
+	if (force || e->packets >= CT_FLUSH_PACKETS || (e->flags & XVS_CT_F_CLOSING))
+		stats_flush(e);
 }
 
 /* A flow's forward entry is usable unless it expired, or it is a closed TCP

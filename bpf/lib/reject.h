@@ -8,7 +8,6 @@
 #define XVS_REJECT_H
 
 #include <linux/bpf.h>
-#include <linux/icmp.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
@@ -21,6 +20,18 @@
 #define REJECT_TTL 64
 /* The largest quote: an IPv4 header with options and 8 bytes of L4. */
 #define ICMP_QUOTE_MAX (60 + 8)
+
+/* RFC 792. Defined here because <linux/icmp.h> pulls in glibc's socket
+ * headers, which a BPF target cannot include on every distribution. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 unused;
+};
 
 static __always_inline __u16 csum_fold(__u32 csum)
 {

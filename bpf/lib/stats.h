@@ -20,33 +20,41 @@ static __always_inline void stats_verdict(__u32 verdict, __u32 bytes)
 	}
 }
 
-/* Count one packet for a service and its backend; in is the client-to-
- * backend direction, new marks the first packet of a connection. */
-static __always_inline void stats_flow(__u32 svc_id, __u32 backend_id, bool in, bool new, __u32 bytes)
+/* Add a conntrack entry's pending packets and bytes to the per-CPU
+ * counters of its service and backend: the forward entry counts "in", the
+ * reply entry "out", and the first flush of a forward entry also counts the
+ * connection. */
+static __always_inline void stats_flush(struct xvs_ct_entry *e)
 {
-	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &svc_id);
-	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &backend_id);
+	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &e->svc_id);
+	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &e->backend_id);
+	bool in = !(e->flags & XVS_CT_F_REPLY);
+	__u64 conns = in && !(e->flags & XVS_CT_F_COUNTED);
 
 	if (s) {
-		s->conns += new;
+		s->conns += conns;
 		if (in) {
-			s->packets_in++;
-			s->bytes_in += bytes;
+			s->packets_in += e->packets;
+			s->bytes_in += e->bytes;
 		} else {
-			s->packets_out++;
-			s->bytes_out += bytes;
+			s->packets_out += e->packets;
+			s->bytes_out += e->bytes;
 		}
 	}
 	if (b) {
-		b->conns += new;
+		b->conns += conns;
 		if (in) {
-			b->packets_in++;
-			b->bytes_in += bytes;
+			b->packets_in += e->packets;
+			b->bytes_in += e->bytes;
 		} else {
-			b->packets_out++;
-			b->bytes_out += bytes;
+			b->packets_out += e->packets;
+			b->bytes_out += e->bytes;
 		}
 	}
+	if (conns)
+		e->flags |= XVS_CT_F_COUNTED;
+	e->packets = 0;
+	e->bytes = 0;
 }
 
 #endif

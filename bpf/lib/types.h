@@ -125,6 +125,15 @@ enum xvs_ct_flags {
 	XVS_CT_F_SEEN_REPLY = 1 << 2,
 	/* The flow came in as a TCP SYN. */
 	XVS_CT_F_SYN = 1 << 3,
+	/* The connection is already in the service and backend "conns"
+	 * counters (set by the first flush of the forward entry). */
+	XVS_CT_F_COUNTED = 1 << 4,
+	/* Source NAT applies: forward packets leave from snat_addr:snat_port,
+	 * replies are sent back to snat_addr:snat_port (the client). */
+	XVS_CT_F_SNAT = 1 << 5,
+	/* The flow holds one unit of its backend's active-connection count
+	 * (least-connection schedulers); released when it closes or expires. */
+	XVS_CT_F_HELD = 1 << 6,
 };
 
 struct xvs_ct_entry {
@@ -138,9 +147,20 @@ struct xvs_ct_entry {
 	__u32 svc_id;
 	/* Forward: the backend address; reply: the frontend address. */
 	__u8 nat_addr[16];
+	/* With XVS_CT_F_SNAT. Forward: the masquerade source; reply: the
+	 * client to restore as destination. */
+	__u8 snat_addr[16];
 	__be16 nat_port;
-	__u8 flags;
-	__u8 pad[5];
+	__be16 snat_port;
+	/* enum xvs_ct_flags. */
+	__u16 flags;
+	__u16 pad;
+	/* Packets and bytes of this direction not yet added to the per-CPU
+	 * service and backend counters: they are flushed in batches (see
+	 * ct.h), so a packet of an established flow touches only its own
+	 * conntrack entry. `xvs list --stats` adds what is still pending. */
+	__u32 packets;
+	__u32 bytes;
 };
 
 /* Tracks IPv4 fragments: the first fragment records its ports so later
