@@ -28,13 +28,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/xvs-lb/xvs/model"
 )
 
 // Defaults.
 const (
-	DefaultDevice    = "kube-ipvs0"
-	DefaultStateFile = "/run/xvs/ipvs-state.json"
+	DefaultDevice = "kube-ipvs0"
+	// StateDir holds the state files, one per network namespace (IPVS
+	// state is per namespace): ipvs-state-<netns inode>.json.
+	StateDir = "/run/xvs"
 	// DefaultDrainInterval is how often draining real servers are checked
 	// (kube-proxy: 1 min; shorter here so weight-0 entries go sooner).
 	DefaultDrainInterval = 5 * time.Second
@@ -54,7 +59,8 @@ type Config struct {
 	// Device is the dummy interface holding the VIPs (kube-ipvs0).
 	Device string
 	// StateFile records the virtual servers xvs created, so a restarted
-	// agent and `xvs cleanup` touch only those.
+	// agent and `xvs cleanup` touch only those (default: one file per
+	// network namespace under StateDir).
 	StateFile string
 	// DrainInterval is how often weight-0 real servers are checked for
 	// remaining connections.
@@ -70,7 +76,7 @@ func (c *Config) defaults() {
 		c.Device = DefaultDevice
 	}
 	if c.StateFile == "" {
-		c.StateFile = DefaultStateFile
+		c.StateFile = defaultStateFile()
 	}
 	if c.DrainInterval <= 0 {
 		c.DrainInterval = DefaultDrainInterval
@@ -101,6 +107,27 @@ type Datapath struct {
 
 	stop chan struct{}
 	done chan struct{}
+}
+
+func defaultStateFile() string {
+	name := "ipvs-state.json"
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err == nil {
+		name = fmt.Sprintf("ipvs-state-%d.json", st.Ino)
+	}
+	return filepath.Join(StateDir, name)
+}
+
+// HasState reports whether xvs's IPVS mode left state in the caller's
+// network namespace: its state file or its dummy interface. It does not
+// load ip_vs.
+func HasState(cfg Config) bool {
+	cfg.defaults()
+	if _, err := os.Stat(cfg.StateFile); err == nil {
+		return true
+	}
+	_, err := netlink.LinkByName(cfg.Device)
+	return err == nil
 }
 
 // New opens kernel IPVS in the caller's network namespace, probes the

@@ -16,7 +16,6 @@ import (
 	"github.com/xvs-lb/xvs/controller"
 	"github.com/xvs-lb/xvs/controller/runner"
 	"github.com/xvs-lb/xvs/loader"
-	"github.com/xvs-lb/xvs/maps"
 )
 
 // agentFlags are kube-proxy's flags where one exists, xvs's own otherwise.
@@ -36,6 +35,7 @@ type agentFlags struct {
 	masqueradeAll    bool
 	verbosity        int
 	disableRevNATDbg bool
+	mode             modeFlags // --proxy-mode, --fallback, ipvs mode (ipvsmode.go)
 }
 
 func (f *agentFlags) register(fs *flag.FlagSet) {
@@ -54,6 +54,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "SNAT all Service traffic")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity (0 info, 2+ debug)")
 	fs.BoolVar(&f.disableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT (never in production)")
+	f.mode.register(fs)
 }
 
 func splitList(s string) []string {
@@ -94,6 +95,9 @@ func runAgent(args []string) error {
 		return err
 	}
 	log := newLogger(f.verbosity)
+	if err := f.mode.validate(); err != nil {
+		return err
+	}
 	if f.objects == "" {
 		return errors.New("--objects is required (the Kubernetes API source is not built yet)")
 	}
@@ -141,24 +145,17 @@ func (f *agentFlags) controllerConfig() (controller.Config, error) {
 // it exits: pinned maps and links keep serving traffic across a restart or
 // an upgrade, and `xvs cleanup` is the way to remove them.
 func agent(ctx context.Context, log *slog.Logger, f agentFlags, ccfg controller.Config) error {
-	lcfg := loader.DefaultConfig()
-	lcfg.PinPath = f.pinPath
-	lcfg.DisableRevNAT = f.disableRevNATDbg
 	sel := loader.DeviceSelector{Patterns: splitList(f.devices)}
 	if err := sel.Validate(); err != nil {
 		return err
 	}
-	objs, err := loader.Load(lcfg)
+	serveMetrics(ctx, f.mode.metricsAddr, log)
+	active, err := startDatapath(log, f, &nodeEvents{node: ccfg.NodeName, file: f.mode.eventFile, log: log})
 	if err != nil {
 		return err
 	}
-	defer objs.Close()
-
-	m := maps.FromObjects(objs)
-	dp, err := maps.NewDatapath(m, maps.Config{MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends})
-	if err != nil {
-		return err
-	}
+	defer active.close()
+	dp := active.dp
 	tracker, err := controller.NewTracker(ccfg)
 	if err != nil {
 		return err
@@ -196,29 +193,31 @@ func agent(ctx context.Context, log *slog.Logger, f agentFlags, ccfg controller.
 	if _, err := src.Load(); err != nil {
 		return fmt.Errorf("read %s: %w", f.objects, err)
 	}
-	mode := loader.AttachMode(f.tcAttach)
-	atts, errs, err := objs.WatchDevices(ctx, sel, mode, func(a loader.Attachment, err error) {
+	if objs := active.objs; objs != nil { // ebpf mode
+		mode := loader.AttachMode(f.tcAttach)
+		atts, errs, err := objs.WatchDevices(ctx, sel, mode, func(a loader.Attachment, err error) {
+			if err != nil {
+				log.Warn("attach failed", "err", err)
+				return
+			}
+			log.Info("attached", "device", a.Device, "mode", a.Mode)
+		})
 		if err != nil {
-			log.Warn("attach failed", "err", err)
-			return
+			return err
 		}
-		log.Info("attached", "device", a.Device, "mode", a.Mode)
-	})
-	if err != nil {
-		return err
-	}
-	for _, a := range atts {
-		log.Info("attached", "device", a.Device, "mode", a.Mode)
-	}
-	for _, e := range errs {
-		log.Warn("attach failed", "err", e)
+		for _, a := range atts {
+			log.Info("attached", "device", a.Device, "mode", a.Mode)
+		}
+		for _, e := range errs {
+			log.Warn("attach failed", "err", e)
+		}
 	}
 	go func() {
 		if err := src.Run(ctx, r.Run); err != nil && ctx.Err() == nil {
 			log.Error("file source stopped", "err", err)
 		}
 	}()
-	log.Info("xvs agent running", "node", ccfg.NodeName, "objects", f.objects, "pinPath", f.pinPath)
+	log.Info("xvs agent running", "node", ccfg.NodeName, "objects", f.objects, "mode", dp.Mode(), "pinPath", f.pinPath)
 	r.Run()
 	r.Loop(ctx)
 	log.Info("xvs agent stopping; the datapath stays in place")

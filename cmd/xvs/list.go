@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 )
@@ -20,15 +22,14 @@ func runList(args []string) error {
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
 	stats := fs.Bool("stats", false, "show connection, packet and byte counters")
 	output := fs.String("o", "text", "output format: text or json")
+	mode := fs.String("proxy-mode", "auto", "datapath to list: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
+	var lm modeFlags
+	fs.StringVar(&lm.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
+	fs.StringVar(&lm.ipvsDeviceName, "ipvs-device", "kube-ipvs0", "ipvs mode: the agent's --ipvs-device")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	m, err := maps.OpenPinned(*pinPath)
-	if err != nil {
-		return fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, *pinPath)
-	}
-	defer m.Close()
-	snap, err := m.Read(*stats)
+	snap, err := readSnapshot(*mode, *pinPath, *stats, lm)
 	if err != nil {
 		return err
 	}
@@ -44,9 +45,32 @@ func runList(args []string) error {
 	return fmt.Errorf("unknown output format %q", *output)
 }
 
+func readSnapshot(mode, pinPath string, stats bool, lm modeFlags) (*maps.Snapshot, error) {
+	if mode == "auto" {
+		mode = modeEBPF
+		if _, err := os.Stat(pinPath); err != nil {
+			mode = modeIPVS
+		}
+	}
+	if mode == modeIPVS {
+		icfg, _ := lm.ipvsConfig("", newLogger(0))
+		return listIPVS(stats, icfg)
+	}
+	m, err := maps.OpenPinned(pinPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, pinPath)
+	}
+	defer m.Close()
+	return m.Read(stats)
+}
+
 func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 	w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(w, "xvs (eBPF) virtual servers")
+	if len(snap.Services) > 0 && snap.Services[0].Kind == "ipvs" {
+		fmt.Fprintln(w, "xvs (IPVS) virtual servers")
+	} else {
+		fmt.Fprintln(w, "xvs (eBPF) virtual servers")
+	}
 	if stats {
 		fmt.Fprintln(w, "Prot LocalAddress:Port\tConns\tInPkts\tOutPkts\tInBytes\tOutBytes")
 		fmt.Fprintln(w, "  -> RemoteAddress:Port\t\t\t\t\t")
@@ -104,8 +128,16 @@ func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 func runCleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
+	var lm modeFlags
+	fs.StringVar(&lm.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
+	fs.StringVar(&lm.ipvsDeviceName, "ipvs-device", "kube-ipvs0", "ipvs mode: the agent's --ipvs-device")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return loader.Cleanup(*pinPath)
+	err := loader.Cleanup(*pinPath)
+	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
+	if icfg, _ := lm.ipvsConfig("", newLogger(0)); ipvs.HasState(icfg) {
+		err = errors.Join(err, ipvs.Cleanup(icfg))
+	}
+	return err
 }

@@ -1,0 +1,335 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/xvs-lb/xvs/ipvs"
+	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Proxy modes (KubeProxyConfiguration mode, --proxy-mode).
+const (
+	modeEBPF = "ebpf"
+	modeIPVS = "ipvs"
+)
+
+// envFailBPFLoad is the fault-injection knob that makes the BPF load fail,
+// for the fallback tests. Never set it in production.
+const envFailBPFLoad = "XVS_DEBUG_FAIL_BPF_LOAD"
+
+// modeFlags select and configure the datapath.
+type modeFlags struct {
+	proxyMode      string
+	fallback       string
+	ipvsStrictARP  bool
+	ipvsExclude    string
+	ipvsTCP        time.Duration
+	ipvsTCPFin     time.Duration
+	ipvsUDP        time.Duration
+	ipvsStateFile  string
+	ipvsDrain      time.Duration
+	ipvsNoRules    bool
+	metricsAddr    string
+	eventFile      string
+	debugFailBPF   bool
+	ipvsDeviceName string
+}
+
+func (f *modeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.proxyMode, "proxy-mode", modeEBPF, "datapath: ebpf (tc programs) or ipvs (kernel IPVS, as kube-proxy's ipvs mode)")
+	fs.StringVar(&f.fallback, "fallback", "", "mode to serve with when the BPF datapath cannot load on this kernel: '' (none: fail) or ipvs")
+	fs.BoolVar(&f.ipvsStrictARP, "ipvs-strict-arp", false, "ipvs mode: arp_ignore=1, arp_announce=2 (ipvs.strictARP)")
+	fs.StringVar(&f.ipvsExclude, "ipvs-exclude-cidrs", "", "ipvs mode: CIDRs whose virtual servers are never cleaned up")
+	fs.DurationVar(&f.ipvsTCP, "ipvs-tcp-timeout", 0, "ipvs mode: idle timeout of TCP sessions (0 keeps the kernel's)")
+	fs.DurationVar(&f.ipvsTCPFin, "ipvs-tcpfin-timeout", 0, "ipvs mode: timeout of TCP sessions after FIN (0 keeps the kernel's)")
+	fs.DurationVar(&f.ipvsUDP, "ipvs-udp-timeout", 0, "ipvs mode: timeout of UDP sessions (0 keeps the kernel's)")
+	fs.StringVar(&f.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: record of the virtual servers xvs created (default /run/xvs/ipvs-state-<netns>.json)")
+	fs.DurationVar(&f.ipvsDrain, "ipvs-drain-interval", ipvs.DefaultDrainInterval, "ipvs mode: how often removed TCP real servers are checked for remaining connections")
+	fs.StringVar(&f.ipvsDeviceName, "ipvs-device", ipvs.DefaultDevice, "ipvs mode: dummy interface holding the VIPs")
+	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
+	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
+	fs.BoolVar(&f.debugFailBPF, "debug-fail-bpf-load", false, "fault injection for the fallback tests: fail the BPF load (never in production; also "+envFailBPFLoad+"=1)")
+}
+
+func (f *modeFlags) validate() error {
+	switch f.proxyMode {
+	case modeEBPF, modeIPVS:
+	case "bpf", "":
+		f.proxyMode = modeEBPF
+	default:
+		return fmt.Errorf("--proxy-mode %q: want ebpf or ipvs", f.proxyMode)
+	}
+	switch f.fallback {
+	case "", modeIPVS:
+	default:
+		return fmt.Errorf("--fallback %q: want '' or ipvs", f.fallback)
+	}
+	return nil
+}
+
+func (f *modeFlags) ipvsConfig(scheduler string, log *slog.Logger) (ipvs.Config, error) {
+	excl, err := parsePrefixes(f.ipvsExclude)
+	if err != nil {
+		return ipvs.Config{}, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
+	}
+	return ipvs.Config{
+		Scheduler: scheduler, StrictARP: f.ipvsStrictARP, ExcludeCIDRs: excl,
+		TCPTimeout: f.ipvsTCP, TCPFinTimeout: f.ipvsTCPFin, UDPTimeout: f.ipvsUDP,
+		Device: f.ipvsDeviceName, StateFile: f.ipvsStateFile, DrainInterval: f.ipvsDrain,
+		NoRules: f.ipvsNoRules, Log: log.With("datapath", modeIPVS),
+	}, nil
+}
+
+// datapathMetrics are the metrics of the datapath selection, in the
+// Prometheus text format (the agent has no metrics registry yet).
+type datapathMetrics struct {
+	mu        sync.Mutex
+	mode      string
+	fallbacks map[[2]string]int // (to, reason) -> count
+}
+
+var metrics = &datapathMetrics{fallbacks: map[[2]string]int{}}
+
+func (m *datapathMetrics) setMode(mode string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.mode = mode
+}
+
+func (m *datapathMetrics) fellBack(to, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fallbacks[[2]string{to, reason}]++
+}
+
+func (m *datapathMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	fmt.Fprintln(w, "# HELP xvs_datapath_mode 1 for the datapath mode in use (ebpf or ipvs).")
+	fmt.Fprintln(w, "# TYPE xvs_datapath_mode gauge")
+	for _, mode := range []string{modeEBPF, modeIPVS} {
+		v := 0
+		if m.mode == mode {
+			v = 1
+		}
+		fmt.Fprintf(w, "xvs_datapath_mode{mode=%q} %d\n", mode, v)
+	}
+	fmt.Fprintln(w, "# HELP xvs_datapath_fallbacks_total Times the agent fell back from the BPF datapath, by target mode and reason.")
+	fmt.Fprintln(w, "# TYPE xvs_datapath_fallbacks_total counter")
+	keys := make([][2]string, 0, len(m.fallbacks))
+	for k := range m.fallbacks {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b [2]string) int { return strings.Compare(a[0]+a[1], b[0]+b[1]) })
+	for _, k := range keys {
+		fmt.Fprintf(w, "xvs_datapath_fallbacks_total{to=%q,reason=%q} %d\n", k[0], k[1], m.fallbacks[k])
+	}
+}
+
+func serveMetrics(ctx context.Context, addr string, log *slog.Logger) {
+	if addr == "" {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "addr", addr, "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+}
+
+// nodeEvents emits Events about this node. Without an API client the
+// agent logs them and, with --event-file, appends them as core/v1 Event
+// shaped JSON; an API-backed sink can be put in front (seam for the
+// Kubernetes source).
+type nodeEvents struct {
+	node string
+	file string
+	log  *slog.Logger
+	// api, when set, posts the Event to the API server.
+	api func(eventType, reason, message string) error
+}
+
+// eventRecord is the --event-file line: the fields of a core/v1 Event that
+// matter here.
+type eventRecord struct {
+	InvolvedObject struct {
+		Kind string `json:"kind"`
+		Name string `json:"name"`
+	} `json:"involvedObject"`
+	Type    string    `json:"type"`
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	Source  string    `json:"source"`
+	Time    time.Time `json:"time"`
+}
+
+func (e *nodeEvents) emit(eventType, reason, message string) {
+	e.log.Info("node event", "type", eventType, "reason", reason, "message", message, "node", e.node)
+	if e.api != nil {
+		if err := e.api(eventType, reason, message); err != nil {
+			e.log.Warn("post node event", "err", err)
+		}
+	}
+	if e.file == "" {
+		return
+	}
+	var r eventRecord
+	r.InvolvedObject.Kind, r.InvolvedObject.Name = "Node", e.node
+	r.Type, r.Reason, r.Message, r.Source, r.Time = eventType, reason, message, "xvs", time.Now().UTC()
+	b, _ := json.Marshal(r)
+	fh, err := os.OpenFile(e.file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		e.log.Warn("event file", "err", err)
+		return
+	}
+	defer fh.Close()
+	if _, err := fh.Write(append(b, '\n')); err != nil {
+		e.log.Warn("event file", "err", err)
+	}
+}
+
+// syncDatapath is what the sync loop needs of either datapath.
+type syncDatapath interface {
+	model.Datapath
+	Problems() []string
+}
+
+// activeDatapath is the datapath the agent runs with.
+type activeDatapath struct {
+	dp syncDatapath
+	// objs is set in ebpf mode: the loaded programs, to attach to devices.
+	objs  *loader.Objects
+	close func()
+}
+
+// startDatapath brings up the datapath of --proxy-mode, falling back to
+// IPVS when the BPF datapath cannot load and --fallback=ipvs. Whichever
+// mode runs, the other mode's state is removed: a stale tc program would
+// take packets before IPVS sees them, and stale virtual servers and VIPs
+// would answer for Services the BPF datapath serves.
+func startDatapath(log *slog.Logger, f agentFlags, ev *nodeEvents) (*activeDatapath, error) {
+	mf := f.mode
+	icfg, err := mf.ipvsConfig(f.scheduler, log)
+	if err != nil {
+		return nil, err
+	}
+	if mf.proxyMode == modeIPVS {
+		return startIPVS(log, f, icfg)
+	}
+	a, bpfErr := startEBPF(f)
+	if bpfErr == nil {
+		if ipvs.HasState(icfg) {
+			log.Info("removing the IPVS mode's state: running with the BPF datapath")
+			if err := ipvs.Cleanup(icfg); err != nil {
+				log.Warn("IPVS cleanup", "err", err)
+			}
+		}
+		metrics.setMode(modeEBPF)
+		return a, nil
+	}
+	if mf.fallback != modeIPVS {
+		return nil, bpfErr
+	}
+	reason := "BPFLoadFailed"
+	log.Error("the BPF datapath cannot run on this kernel; falling back to IPVS", "reason", reason, "err", bpfErr)
+	metrics.fellBack(modeIPVS, reason)
+	a, err = startIPVS(log, f, icfg)
+	if err != nil {
+		ev.emit("Warning", "DatapathFallbackFailed", fmt.Sprintf("BPF datapath failed (%v) and the IPVS fallback failed too: %v", bpfErr, err))
+		return nil, fmt.Errorf("BPF datapath: %v; IPVS fallback: %w", bpfErr, err)
+	}
+	ev.emit("Warning", "DatapathFallback", fmt.Sprintf("serving Services with IPVS: the BPF datapath cannot run on this kernel: %v", bpfErr))
+	return a, nil
+}
+
+func startEBPF(f agentFlags) (*activeDatapath, error) {
+	if f.mode.debugFailBPF || os.Getenv(envFailBPFLoad) == "1" {
+		return nil, errors.New("load objects: injected failure (" + envFailBPFLoad + ")")
+	}
+	lcfg := loader.DefaultConfig()
+	lcfg.PinPath = f.pinPath
+	lcfg.DisableRevNAT = f.disableRevNATDbg
+	objs, err := loader.Load(lcfg)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends})
+	if err != nil {
+		objs.Close()
+		return nil, err
+	}
+	return &activeDatapath{dp: dp, objs: objs, close: func() { objs.Close() }}, nil
+}
+
+func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapath, error) {
+	dp, err := ipvs.New(icfg)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs mode: %w", err)
+	}
+	if _, err := os.Stat(f.pinPath); err == nil {
+		log.Info("removing the BPF datapath's programs, links and maps: running with IPVS", "pinPath", f.pinPath)
+		if err := loader.Cleanup(f.pinPath); err != nil {
+			dp.Close()
+			return nil, fmt.Errorf("remove the BPF datapath under %s: %w", f.pinPath, err)
+		}
+	}
+	metrics.setMode(modeIPVS)
+	return &activeDatapath{dp: dp, close: dp.Close}, nil
+}
+
+// runListIPVS prints what xvs programmed in kernel IPVS (ipvsadm -Ln).
+func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
+	list, err := ipvs.List(cfg)
+	if err != nil {
+		return nil, err
+	}
+	snap := &maps.Snapshot{Services: []maps.ServiceView{}}
+	for _, s := range list {
+		v := maps.ServiceView{
+			Protocol: s.Protocol.String(), Address: s.Address, Kind: "ipvs", Scheduler: s.Scheduler,
+			Backends: []maps.BackendView{},
+		}
+		if s.Persistent {
+			v.Flags = append(v.Flags, "persistent")
+			v.Affinity = s.Timeout
+		}
+		if stats {
+			v.Stats.Conns = uint64(s.Stats.Connections)
+			v.Stats.PacketsIn, v.Stats.PacketsOut = uint64(s.Stats.PacketsIn), uint64(s.Stats.PacketsOut)
+			v.Stats.BytesIn, v.Stats.BytesOut = s.Stats.BytesIn, s.Stats.BytesOut
+		}
+		for _, r := range s.Reals {
+			b := maps.BackendView{Address: r.Address, Weight: uint16(r.Weight), ActiveConns: r.ActiveConns, InactiveConns: r.InactiveConns}
+			if stats {
+				b.Stats.Conns = uint64(r.Stats.Connections)
+				b.Stats.PacketsIn, b.Stats.PacketsOut = uint64(r.Stats.PacketsIn), uint64(r.Stats.PacketsOut)
+				b.Stats.BytesIn, b.Stats.BytesOut = r.Stats.BytesIn, r.Stats.BytesOut
+			}
+			v.Backends = append(v.Backends, b)
+		}
+		snap.Services = append(snap.Services, v)
+	}
+	return snap, nil
+}

@@ -1,0 +1,391 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xvs-lb/xvs/ipvs"
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// The ipvs-mode namespace tests need a kernel with IPVS (the VM rig,
+// hack/vm): like every TestPriv* they fail, never skip, where they cannot
+// run.
+
+// newIPVSWorld is newWorld with the agent in ipvs mode (or falling back to
+// it) and a short drain interval.
+func newIPVSWorld(t *testing.T, agentArgs ...string) *singleNode {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, IPVS); run them as root")
+	}
+	if err := ipvs.Available(); err != nil {
+		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newSingleNode("i", bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && w.Agent != nil {
+			if log, err := os.ReadFile(w.Agent.Log); err == nil {
+				t.Logf("agent log:\n%s", log)
+			}
+		}
+		w.Close()
+	})
+	if err := w.writeService(demoPodIPs); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.startAgent(agentArgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(len(demoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// listIPVS runs `xvs list --proxy-mode ipvs -o json` in the node namespace.
+func (s *singleNode) listIPVS() (*maps.Snapshot, error) {
+	out, err := lab.Run(s.Node.NS, s.bin, "list", "--proxy-mode", "ipvs", "-o", "json")
+	if err != nil {
+		return nil, fmt.Errorf("xvs list: %v: %s", err, out)
+	}
+	var snap maps.Snapshot
+	if err := json.Unmarshal(out, &snap); err != nil {
+		return nil, fmt.Errorf("xvs list output: %v: %s", err, out)
+	}
+	return &snap, nil
+}
+
+// realServers returns the real servers of the VIP's TCP port with their
+// weights, as `xvs list` reads them from the kernel.
+func (s *singleNode) realServers() (map[netip.AddrPort]maps.BackendView, error) {
+	snap, err := s.listIPVS()
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.AddrPort]maps.BackendView{}
+	for _, sv := range snap.Services {
+		if sv.Address == netip.AddrPortFrom(demoVIP, 80) && sv.Protocol == "TCP" {
+			for _, b := range sv.Backends {
+				out[b.Address] = b
+			}
+		}
+	}
+	return out, nil
+}
+
+// waitIPVS polls until the VIP's TCP virtual server has want real servers
+// of non-zero weight.
+func (s *singleNode) waitIPVS(want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		rs, err := s.realServers()
+		n := 0
+		for _, b := range rs {
+			if b.Weight > 0 {
+				n++
+			}
+		}
+		if err == nil && n == want {
+			return nil
+		}
+		if ended, aerr := s.Agent.Exited(); ended {
+			log, _ := os.ReadFile(s.Agent.Log)
+			return fmt.Errorf("agent exited (%v):\n%s", aerr, log)
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(s.Agent.Log)
+			return fmt.Errorf("IPVS: VIP not programmed with %d real servers after %v (have %v, %v); agent log:\n%s", want, timeout, rs, err, log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPrivIPVSTraffic: real TCP and UDP from a client namespace through
+// kernel IPVS to three backends; ipvsadm and `xvs list` show the same
+// virtual servers; masquerade follows the ClusterCIDR detector.
+func TestPrivIPVSTraffic(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	udp := netip.AddrPortFrom(demoVIP, 53)
+	for name, probe := range map[string]func() lab.Result{
+		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second) },
+		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 3*time.Second) },
+	} {
+		got, err := spread(30, probe)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(got) != 3 {
+			t.Fatalf("%s: 30 connections reached %v, want all 3 backends", name, got)
+		}
+		t.Logf("%s through IPVS: %v", name, got)
+	}
+
+	// ipvsadm -Ln inside the node shows what xvs programmed.
+	out, err := lab.Run(w.Node.NS, "ipvsadm", "-Ln")
+	if err != nil {
+		t.Fatalf("ipvsadm: %v: %s", err, out)
+	}
+	for _, want := range []string{"TCP  172.30.0.10:80 rr", "UDP  172.30.0.10:53 rr", "-> 10.244.0.11:8080", "-> 10.244.0.13:8080"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("ipvsadm -Ln lacks %q:\n%s", want, out)
+		}
+	}
+	// `xvs list` in ipvs mode, text form.
+	list, err := lab.Run(w.Node.NS, w.bin, "list")
+	if err != nil {
+		t.Fatalf("xvs list: %v: %s", err, list)
+	}
+	for _, want := range []string{"xvs (IPVS) virtual servers", "TCP  172.30.0.10:80 rr", "UDP  172.30.0.10:53 rr", "-> 10.244.0.12:8080"} {
+		if !strings.Contains(string(list), want) {
+			t.Errorf("xvs list lacks %q:\n%s", want, list)
+		}
+	}
+	t.Logf("xvs list:\n%s", list)
+	// The VIP is on kube-ipvs0.
+	if out, err := lab.Run(w.Node.NS, "ip", "-o", "addr", "show", "dev", "kube-ipvs0"); err != nil || !strings.Contains(string(out), demoVIP.String()+"/32") {
+		t.Errorf("kube-ipvs0: %v %s", err, out)
+	}
+	// A host service (an sshd on every address) is not reachable through a
+	// VIP on a port that is not a Service (KUBE-IPVS-FILTER, #72236), but
+	// still is on the node's own address.
+	if _, err := lab.StartEcho(w.Node.NS, netip.AddrPortFrom(netip.IPv4Unspecified(), 2222), lab.TCP); err != nil {
+		t.Fatal(err)
+	}
+	if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoNodeIP, 2222), 3*time.Second); r.Verdict != lab.OK {
+		t.Fatalf("host service on the node address: %v", r)
+	}
+	if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoVIP, 2222), 3*time.Second); r.Verdict != lab.Refused {
+		t.Errorf("host service through the VIP: %v, want REFUSED", r)
+	}
+
+	// With a ClusterCIDR detector, off-cluster clients are masqueraded and
+	// pods are not.
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.startAgent("--proxy-mode", "ipvs", "--cluster-cidr", "10.244.0.0/16"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(3, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var r lab.Result
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if r = lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second); r.Verdict == lab.OK && r.Reply.Peer.Addr() == demoNodeIP {
+			break
+		}
+	}
+	if r.Verdict != lab.OK || r.Reply.Peer.Addr() != demoNodeIP {
+		t.Fatalf("off-cluster client with a ClusterCIDR detector: %v, want the node's address %s as peer", r, demoNodeIP)
+	}
+	pod := w.Pods[0]
+	sawOther, sawSelf := false, false
+	for range 12 {
+		r := lab.ProbeTCP(pod, demoPodIPs[0], tcp, 3*time.Second)
+		if r.Verdict != lab.OK {
+			t.Fatalf("pod to VIP: %v", r)
+		}
+		if r.Reply.Local.Addr() == demoPodIPs[0] {
+			// Hairpin: the pod reached itself, which needs masquerade.
+			sawSelf = true
+			if r.Reply.Peer.Addr() == demoPodIPs[0] {
+				t.Fatalf("hairpin connection not masqueraded: %v", r)
+			}
+			continue
+		}
+		sawOther = true
+		if r.Reply.Peer.Addr() != demoPodIPs[0] {
+			t.Fatalf("pod source masqueraded: %v, want the pod's own address", r)
+		}
+	}
+	if !sawOther || !sawSelf {
+		t.Fatalf("12 connections with rr: hairpin seen %v, other backends seen %v", sawSelf, sawOther)
+	}
+}
+
+// TestPrivIPVSGracefulTermination: a held TCP connection keeps working
+// after its endpoint is removed (the real server drains at weight 0 and
+// gets no new connections) and the real server goes once it closes.
+func TestPrivIPVSGracefulTermination(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs", "--ipvs-drain-interval", "1s")
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	reply, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held := reply.Local
+	var keep []netip.Addr
+	for _, a := range demoPodIPs {
+		if a != held.Addr() {
+			keep = append(keep, a)
+		}
+	}
+	if err := w.writeService(keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(2, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := w.realServers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := rs[held]; !ok || b.Weight != 0 || b.ActiveConns != 1 {
+		t.Fatalf("removed endpoint with a held connection: %+v (present %v), want weight 0 with 1 active connection", b, ok)
+	}
+	// No new connection goes to it; the held one still works, repeatedly,
+	// across several drain passes.
+	for i := range 15 {
+		r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second)
+		if r.Verdict != lab.OK || r.Reply.Local == held {
+			t.Fatalf("new connection %d: %v (draining backend is %s)", i, r, held)
+		}
+		if err := lab.EchoCheck(c, 3*time.Second); err != nil {
+			t.Fatalf("held connection broke after the endpoint was removed: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if rs, _ := w.realServers(); rs[held].Weight != 0 {
+		t.Fatalf("draining real server gone or revived while its connection is open: %v", rs)
+	}
+	// Close with a RST: IPVS keeps the entry for its short CLOSE timeout
+	// (10 s), then the drain loop deletes the real server.
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rs, err := w.realServers()
+		if err == nil {
+			if _, ok := rs[held]; !ok {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drained real server %s still present after its connection closed: %v %v", held, rs, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestPrivIPVSFallback: a forced BPF load failure with --fallback=ipvs
+// serves through IPVS, says why (log line, Node Event to the recording
+// sink --event-file, metric), and removes the BPF state; the next agent
+// in ebpf mode removes the IPVS state again.
+func TestPrivIPVSFallback(t *testing.T) {
+	events := filepath.Join(t.TempDir(), "events.jsonl")
+	const metricsAddr = "127.0.0.1:10249"
+	w := newIPVSWorld(t, "--fallback", "ipvs", "--debug-fail-bpf-load", "--event-file", events, "--metrics-bind-address", metricsAddr)
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	got, err := spread(15, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second) })
+	if err != nil || len(got) != 3 {
+		t.Fatalf("traffic after fallback: %v %v", got, err)
+	}
+	log, _ := os.ReadFile(w.Agent.Log)
+	if !strings.Contains(string(log), "falling back to IPVS") || !strings.Contains(string(log), "injected failure") {
+		t.Errorf("agent log does not say why it fell back:\n%s", log)
+	}
+	b, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev eventRecord
+	if err := json.Unmarshal([]byte(strings.SplitN(string(b), "\n", 2)[0]), &ev); err != nil {
+		t.Fatalf("event file: %v: %s", err, b)
+	}
+	if ev.InvolvedObject.Kind != "Node" || ev.InvolvedObject.Name != "node" || ev.Type != "Warning" ||
+		ev.Reason != "DatapathFallback" || !strings.Contains(ev.Message, "injected failure") {
+		t.Errorf("event %+v", ev)
+	}
+	var body string
+	err = w.Node.Do(func() error {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`xvs_datapath_mode{mode="ipvs"} 1`, `xvs_datapath_fallbacks_total{to="ipvs",reason="BPFLoadFailed"} 1`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
+
+	// Back to ebpf: the agent removes the virtual servers, VIPs and rules.
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitProgrammed(3, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out, err := lab.Run(w.Node.NS, "ipvsadm", "-Ln")
+	if err != nil || strings.Contains(string(out), "172.30.0.10") {
+		t.Errorf("IPVS state left after switching to ebpf: %v\n%s", err, out)
+	}
+	if out, err := lab.Run(w.Node.NS, "ip", "link", "show", "kube-ipvs0"); err == nil {
+		t.Errorf("kube-ipvs0 left after switching to ebpf: %s", out)
+	}
+	if out, err := lab.Run(w.Node.NS, "nft", "list", "table", "ip", ipvs.TableName); err == nil {
+		t.Errorf("nftables table left after switching to ebpf: %s", out)
+	}
+	if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second); r.Verdict != lab.OK {
+		t.Fatalf("traffic through the BPF datapath after switching back: %v", r)
+	}
+}
+
+// TestIPVSModeWithoutIPVS: on a kernel without IPVS (this host's), the
+// agent in ipvs mode exits at once and names what is missing.
+func TestIPVSModeWithoutIPVS(t *testing.T) {
+	if ipvs.Available() == nil {
+		t.Skip("this kernel has IPVS; the test is for kernels without it")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	start := time.Now()
+	cmd := exec.Command(bin, "agent", "--objects", dir, "--hostname-override", "n1", "--proxy-mode", "ipvs",
+		"--pin-path", filepath.Join(dir, "pins"), "--ipvs-state-file", filepath.Join(dir, "state.json"))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("agent in ipvs mode ran without IPVS:\n%s", out)
+	}
+	if !strings.Contains(string(out), "ip_vs kernel module not available") {
+		t.Errorf("error does not name the missing module:\n%s", out)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %v to fail", d)
+	}
+}
