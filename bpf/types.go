@@ -17,6 +17,10 @@ type (
 	Scope     = XvsXvsScope
 	FragKey   = XvsXvsFragKey
 	FragPorts = XvsXvsFragPorts
+	SchedKey  = XvsXvsSchedKey
+	MemberKey = XvsXvsMemberKey
+	AffKey    = XvsXvsAffinityKey
+	AffValue  = XvsXvsAffinityValue
 )
 
 const (

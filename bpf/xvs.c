@@ -17,6 +17,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "lib/affinity.h"
 #include "lib/ct.h"
 #include "lib/lb.h"
 #include "lib/maps.h"
@@ -95,19 +96,35 @@ static __always_inline int handle_new(struct __sk_buff *skb, struct xvs_pkt *p, 
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_RST))
 		return verdict(TC_ACT_SHOT, XVS_V_DROP_INVALID, skb);
 
-	be = lb_slot_backend(key, lb_pick_slot(svc), &backend_id);
+	be = NULL;
+	if (svc->flags & XVS_SVC_F_AFFINITY)
+		be = affinity_lookup(key, svc, p, now, &backend_id);
+	if (!be)
+		be = lb_select(key, svc, p, &backend_id);
 	if (!be)
 		return verdict(TC_ACT_SHOT, XVS_V_DROP_NO_BACKEND, skb);
+	if (svc->flags & XVS_SVC_F_AFFINITY)
+		affinity_update(svc, p, backend_id, now);
 
 	__be32 be_addr = addr_v4(be->addr);
 	__be16 be_port = be->port;
 	__u16 flags = (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)) ? XVS_CT_F_SYN : 0;
+	__u16 held = 0;
+
+	if (lb_least_conn(svc->sched)) {
+		__u32 *n = bpf_map_lookup_elem(&xvs_backend_held, &backend_id);
+
+		if (n) {
+			__sync_fetch_and_add(n, 1);
+			held = XVS_CT_F_HELD;
+		}
+	}
 	struct xvs_ct_key fk = {}, rk = {};
 	struct xvs_ct_entry fwd = {
 		.backend_id = backend_id,
 		.svc_id = svc->svc_id,
 		.nat_port = be_port,
-		.flags = flags,
+		.flags = flags | held,
 		/* The first packet waits in the entry like any other: the
 		 * first reply flushes it with the connection count. */
 		.packets = 1,
@@ -166,8 +183,10 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 			return verdict(TC_ACT_OK, XVS_V_FWD_ESTABLISHED, skb);
 		}
 		/* The entry is about to be replaced by a new flow: count
-		 * what it still holds. */
+		 * what it still holds, give back its connection. */
 		stats_flush(e);
+		if (e->flags & XVS_CT_F_HELD)
+			ct_release(e);
 	}
 
 	if (!p.has_l4)
@@ -205,5 +224,9 @@ const enum xvs_sched *_unused_sched __attribute__((unused));
 const enum xvs_backend_flags *_unused_backend_flags __attribute__((unused));
 const enum xvs_scope *_unused_scope __attribute__((unused));
 const enum xvs_svc_flags *_unused_svc_flags __attribute__((unused));
+const struct xvs_sched_key *_unused_sched_key __attribute__((unused));
+const struct xvs_affinity_key *_unused_affinity_key __attribute__((unused));
+const struct xvs_affinity_value *_unused_affinity_value __attribute__((unused));
+const struct xvs_member_key *_unused_member_key __attribute__((unused));
 const enum xvs_ct_flags *_unused_ct_flags __attribute__((unused));
 const enum xvs_verdict *_unused_verdict __attribute__((unused));

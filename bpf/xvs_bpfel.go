@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type XvsXvsAffinityKey struct {
+	_       structs.HostLayout
+	GroupId uint32
+	Family  uint8
+	Pad     [3]uint8
+	Addr    [16]uint8
+}
+
+type XvsXvsAffinityValue struct {
+	_         structs.HostLayout
+	LastUsed  uint64
+	BackendId uint32
+	Pad       uint32
+}
+
 type XvsXvsBackend struct {
 	_      structs.HostLayout
 	Addr   [16]uint8
@@ -92,6 +107,14 @@ const (
 	XvsXvsKindXVS_KIND_LOAD_BALANCER XvsXvsKind = 4
 )
 
+type XvsXvsMemberKey struct {
+	_         structs.HostLayout
+	SvcId     uint32
+	BackendId uint32
+	Scope     uint8
+	Pad       [3]uint8
+}
+
 type XvsXvsSched uint32
 
 const (
@@ -106,6 +129,13 @@ const (
 	XvsXvsSchedXVS_SCHED_DH     XvsXvsSched = 8
 	XvsXvsSchedXVS_SCHED_MH     XvsXvsSched = 9
 )
+
+type XvsXvsSchedKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Scope uint8
+	Pad   [3]uint8
+}
 
 type XvsXvsScope uint32
 
@@ -150,6 +180,7 @@ type XvsXvsSvcValue struct {
 	SvcId           uint32
 	GroupId         uint32
 	AffinityTimeout uint32
+	TableSize       uint32
 	Count           uint16
 	Flags           uint16
 	Sched           uint8
@@ -179,19 +210,29 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	XvsMapXvsAffinity          = "xvs_affinity"
+	XvsMapXvsBackendHeld       = "xvs_backend_held"
+	XvsMapXvsBackendReaped     = "xvs_backend_reaped"
 	XvsMapXvsBackendStats      = "xvs_backend_stats"
 	XvsMapXvsBackends          = "xvs_backends"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsFragments         = "xvs_fragments"
+	XvsMapXvsMembers           = "xvs_members"
+	XvsMapXvsRrCursors         = "xvs_rr_cursors"
+	XvsMapXvsSchedTables       = "xvs_sched_tables"
 	XvsMapXvsServices          = "xvs_services"
 	XvsMapXvsSvcStats          = "xvs_svc_stats"
 	XvsMapXvsVerdicts          = "xvs_verdicts"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
+	XvsVarUnusedAffinityKey    = "_unused_affinity_key"
+	XvsVarUnusedAffinityValue  = "_unused_affinity_value"
 	XvsVarUnusedBackendFlags   = "_unused_backend_flags"
 	XvsVarUnusedCtFlags        = "_unused_ct_flags"
 	XvsVarUnusedKind           = "_unused_kind"
+	XvsVarUnusedMemberKey      = "_unused_member_key"
 	XvsVarUnusedSched          = "_unused_sched"
+	XvsVarUnusedSchedKey       = "_unused_sched_key"
 	XvsVarUnusedScope          = "_unused_scope"
 	XvsVarUnusedSvcFlags       = "_unused_svc_flags"
 	XvsVarUnusedVerdict        = "_unused_verdict"
@@ -253,23 +294,33 @@ type XvsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XvsMapSpecs struct {
-	XvsBackendStats *ebpf.MapSpec `ebpf:"xvs_backend_stats"`
-	XvsBackends     *ebpf.MapSpec `ebpf:"xvs_backends"`
-	XvsConntrack    *ebpf.MapSpec `ebpf:"xvs_conntrack"`
-	XvsFragments    *ebpf.MapSpec `ebpf:"xvs_fragments"`
-	XvsServices     *ebpf.MapSpec `ebpf:"xvs_services"`
-	XvsSvcStats     *ebpf.MapSpec `ebpf:"xvs_svc_stats"`
-	XvsVerdicts     *ebpf.MapSpec `ebpf:"xvs_verdicts"`
+	XvsAffinity      *ebpf.MapSpec `ebpf:"xvs_affinity"`
+	XvsBackendHeld   *ebpf.MapSpec `ebpf:"xvs_backend_held"`
+	XvsBackendReaped *ebpf.MapSpec `ebpf:"xvs_backend_reaped"`
+	XvsBackendStats  *ebpf.MapSpec `ebpf:"xvs_backend_stats"`
+	XvsBackends      *ebpf.MapSpec `ebpf:"xvs_backends"`
+	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
+	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
+	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
+	XvsRrCursors     *ebpf.MapSpec `ebpf:"xvs_rr_cursors"`
+	XvsSchedTables   *ebpf.MapSpec `ebpf:"xvs_sched_tables"`
+	XvsServices      *ebpf.MapSpec `ebpf:"xvs_services"`
+	XvsSvcStats      *ebpf.MapSpec `ebpf:"xvs_svc_stats"`
+	XvsVerdicts      *ebpf.MapSpec `ebpf:"xvs_verdicts"`
 }
 
 // XvsVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XvsVariableSpecs struct {
+	UnusedAffinityKey    *ebpf.VariableSpec `ebpf:"_unused_affinity_key"`
+	UnusedAffinityValue  *ebpf.VariableSpec `ebpf:"_unused_affinity_value"`
 	UnusedBackendFlags   *ebpf.VariableSpec `ebpf:"_unused_backend_flags"`
 	UnusedCtFlags        *ebpf.VariableSpec `ebpf:"_unused_ct_flags"`
 	UnusedKind           *ebpf.VariableSpec `ebpf:"_unused_kind"`
+	UnusedMemberKey      *ebpf.VariableSpec `ebpf:"_unused_member_key"`
 	UnusedSched          *ebpf.VariableSpec `ebpf:"_unused_sched"`
+	UnusedSchedKey       *ebpf.VariableSpec `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.VariableSpec `ebpf:"_unused_scope"`
 	UnusedSvcFlags       *ebpf.VariableSpec `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.VariableSpec `ebpf:"_unused_verdict"`
@@ -301,21 +352,33 @@ func (o *XvsObjects) Close() error {
 //
 // It can be passed to LoadXvsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XvsMaps struct {
-	XvsBackendStats *ebpf.Map `ebpf:"xvs_backend_stats"`
-	XvsBackends     *ebpf.Map `ebpf:"xvs_backends"`
-	XvsConntrack    *ebpf.Map `ebpf:"xvs_conntrack"`
-	XvsFragments    *ebpf.Map `ebpf:"xvs_fragments"`
-	XvsServices     *ebpf.Map `ebpf:"xvs_services"`
-	XvsSvcStats     *ebpf.Map `ebpf:"xvs_svc_stats"`
-	XvsVerdicts     *ebpf.Map `ebpf:"xvs_verdicts"`
+	XvsAffinity      *ebpf.Map `ebpf:"xvs_affinity"`
+	XvsBackendHeld   *ebpf.Map `ebpf:"xvs_backend_held"`
+	XvsBackendReaped *ebpf.Map `ebpf:"xvs_backend_reaped"`
+	XvsBackendStats  *ebpf.Map `ebpf:"xvs_backend_stats"`
+	XvsBackends      *ebpf.Map `ebpf:"xvs_backends"`
+	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
+	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
+	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
+	XvsRrCursors     *ebpf.Map `ebpf:"xvs_rr_cursors"`
+	XvsSchedTables   *ebpf.Map `ebpf:"xvs_sched_tables"`
+	XvsServices      *ebpf.Map `ebpf:"xvs_services"`
+	XvsSvcStats      *ebpf.Map `ebpf:"xvs_svc_stats"`
+	XvsVerdicts      *ebpf.Map `ebpf:"xvs_verdicts"`
 }
 
 func (m *XvsMaps) Close() error {
 	return _XvsClose(
+		m.XvsAffinity,
+		m.XvsBackendHeld,
+		m.XvsBackendReaped,
 		m.XvsBackendStats,
 		m.XvsBackends,
 		m.XvsConntrack,
 		m.XvsFragments,
+		m.XvsMembers,
+		m.XvsRrCursors,
+		m.XvsSchedTables,
 		m.XvsServices,
 		m.XvsSvcStats,
 		m.XvsVerdicts,
@@ -326,10 +389,14 @@ func (m *XvsMaps) Close() error {
 //
 // It can be passed to LoadXvsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XvsVariables struct {
+	UnusedAffinityKey    *ebpf.Variable `ebpf:"_unused_affinity_key"`
+	UnusedAffinityValue  *ebpf.Variable `ebpf:"_unused_affinity_value"`
 	UnusedBackendFlags   *ebpf.Variable `ebpf:"_unused_backend_flags"`
 	UnusedCtFlags        *ebpf.Variable `ebpf:"_unused_ct_flags"`
 	UnusedKind           *ebpf.Variable `ebpf:"_unused_kind"`
+	UnusedMemberKey      *ebpf.Variable `ebpf:"_unused_member_key"`
 	UnusedSched          *ebpf.Variable `ebpf:"_unused_sched"`
+	UnusedSchedKey       *ebpf.Variable `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.Variable `ebpf:"_unused_scope"`
 	UnusedSvcFlags       *ebpf.Variable `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.Variable `ebpf:"_unused_verdict"`

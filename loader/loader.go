@@ -102,11 +102,16 @@ func Load(cfg Config) (*Objects, error) {
 		return nil, fmt.Errorf("load spec: %w", err)
 	}
 	for name, size := range map[string]uint32{
-		xbpf.XvsMapXvsServices:     cfg.MaxServiceSlots,
-		xbpf.XvsMapXvsBackends:     cfg.MaxBackends,
-		xbpf.XvsMapXvsBackendStats: cfg.MaxBackends,
-		xbpf.XvsMapXvsSvcStats:     cfg.MaxServices,
-		xbpf.XvsMapXvsConntrack:    cfg.ConntrackSize,
+		xbpf.XvsMapXvsServices:      cfg.MaxServiceSlots,
+		xbpf.XvsMapXvsBackends:      cfg.MaxBackends,
+		xbpf.XvsMapXvsBackendStats:  cfg.MaxBackends,
+		xbpf.XvsMapXvsSvcStats:      cfg.MaxServices,
+		xbpf.XvsMapXvsConntrack:     cfg.ConntrackSize,
+		xbpf.XvsMapXvsSchedTables:   cfg.MaxServices * 2,
+		xbpf.XvsMapXvsRrCursors:     cfg.MaxServices * 2,
+		xbpf.XvsMapXvsBackendHeld:   cfg.MaxBackends,
+		xbpf.XvsMapXvsBackendReaped: cfg.MaxBackends,
+		xbpf.XvsMapXvsMembers:       cfg.MaxServiceSlots,
 	} {
 		spec.Maps[name].MaxEntries = size
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/model"
@@ -16,6 +17,9 @@ import (
 type Config struct {
 	MaxServices uint32
 	MaxBackends uint32
+	// MaglevSize is the mh lookup table size (a prime); 0 means
+	// DefaultMaglevSize.
+	MaglevSize uint32
 }
 
 // Datapath realises a model.State in the BPF maps (model.Datapath).
@@ -42,6 +46,20 @@ type Datapath struct {
 	recovered map[frontendKey]uint32
 	fullSync  bool
 	problems  []string
+
+	maglevSize uint32
+	// tables and members record the scheduler tables and the slot
+	// membership entries written per (frontend, scope).
+	tables  map[xbpf.SchedKey]tableState
+	members map[xbpf.SchedKey]map[uint32]bool
+}
+
+// tableState identifies a written scheduler table by what it was built
+// from, so that it is rebuilt only when its backends change.
+type tableState struct {
+	sched    xbpf.Sched
+	backends string
+	size     uint32
 }
 
 // slotCounts records what a frontend has in the map: slot counts per
@@ -74,6 +92,15 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 		backends:    map[backendKey]xbpf.Backend{},
 		recovered:   map[frontendKey]uint32{},
 		fullSync:    true,
+		maglevSize:  cfg.MaglevSize,
+		tables:      map[xbpf.SchedKey]tableState{},
+		members:     map[xbpf.SchedKey]map[uint32]bool{},
+	}
+	if d.maglevSize == 0 {
+		d.maglevSize = DefaultMaglevSize
+	}
+	if err := ValidMaglevSize(d.maglevSize); err != nil {
+		return nil, err
 	}
 	if err := d.recover(); err != nil {
 		return nil, err
@@ -134,6 +161,16 @@ type writeSet struct {
 	delBackends []uint32
 	freshSvcs   []uint32
 	freshBEs    []uint32
+
+	tables     []tableWrite
+	delTables  []xbpf.SchedKey
+	addMembers []xbpf.MemberKey
+	delMembers []xbpf.MemberKey
+}
+
+type tableWrite struct {
+	key     xbpf.SchedKey
+	entries []uint32
 }
 
 // Sync makes the maps match st.
@@ -172,6 +209,9 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			if _, ok := d.owners[fk]; !ok {
 				released[fk] = true
 			}
+		}
+		if err := d.sweepSchedState(ws); err != nil {
+			return err
 		}
 		// Give recovered backends a (zero) reference count, so that the
 		// sweep below deletes those nobody uses.
@@ -283,26 +323,35 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 			if scope == int(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) && head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT) == 0 {
 				continue
 			}
-			n, err := d.planSlots(fk, uint8(scope), eps, svcID, a, ws)
+			set, err := d.planSlots(fk, uint8(scope), eps, svcID, a, ws)
 			if err != nil {
 				return fmt.Errorf("service %s: %w", name, err)
 			}
+			n := uint16(len(set))
 			h := head
 			h.Count = n
+			sk := xbpf.SchedKey{SvcId: svcID, Scope: uint8(scope)}
+			if h.TableSize, err = d.planTable(sk, sched, set, ws); err != nil {
+				return fmt.Errorf("service %s: %w", name, err)
+			}
+			d.planMembers(sk, sp.Affinity.ClientIP, set, ws)
 			ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
 			ws.headVals = append(ws.headVals, h)
 			written.n[scope] = n
 			written.shortCircuit = written.shortCircuit || scope == 1
 		}
-		d.dropStaleSlots(fk, written, ws)
+		d.dropStaleSlots(fk, svcID, written, ws)
 	}
 	return nil
 }
 
-func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, svcID uint32, a *appliedService, ws *writeSet) (uint16, error) {
+// planSlots queues slots 1..N of one (frontend, scope) and returns the
+// backends in slot order.
+func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, svcID uint32, a *appliedService, ws *writeSet) ([]tableBackend, error) {
 	if len(eps) > 0xffff-1 {
-		return 0, fmt.Errorf("%d endpoints exceed the slot limit", len(eps))
+		return nil, fmt.Errorf("%d endpoints exceed the slot limit", len(eps))
 	}
+	var set []tableBackend
 	var n uint16
 	for _, ep := range eps {
 		if ep.Addr.Unmap().Is4() != fk.addr.Is4() {
@@ -311,15 +360,122 @@ func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, 
 		bk := backendKey{addr: ep.Addr.Unmap(), port: ep.Port, proto: fk.proto}
 		id, err := d.backend(bk, ep, ws)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		a.backends = append(a.backends, bk)
 		d.backendRefs[bk]++
 		n++
 		ws.slotKeys = append(ws.slotKeys, fk.svcKey(scope, n))
 		ws.slotVals = append(ws.slotVals, xbpf.SvcValue{BackendId: id, SvcId: svcID})
+		set = append(set, tableBackend{id: id, weight: max(ep.Weight, 1), name: bk.String()})
 	}
-	return n, nil
+	return set, nil
+}
+
+// planTable queues the scheduler table of one (frontend, scope) when its
+// scheduler has one and its backends changed, or its removal when it no
+// longer needs one. It returns the table's size for the service head.
+func (d *Datapath) planTable(sk xbpf.SchedKey, sched xbpf.Sched, set []tableBackend, ws *writeSet) (uint32, error) {
+	have, exists := d.tables[sk]
+	if len(set) == 0 || (sched != xbpf.XvsXvsSchedXVS_SCHED_WRR && sched != xbpf.XvsXvsSchedXVS_SCHED_MH) {
+		if exists {
+			delete(d.tables, sk)
+			ws.delTables = append(ws.delTables, sk)
+		}
+		return 0, nil
+	}
+	want := tableState{sched: sched, backends: tableFingerprint(set)}
+	if exists && have.sched == want.sched && have.backends == want.backends {
+		return have.size, nil
+	}
+	var entries []uint32
+	if sched == xbpf.XvsXvsSchedXVS_SCHED_WRR {
+		entries = wrrSequence(set)
+	} else {
+		var err error
+		if entries, err = maglevTable(set, d.maglevSize); err != nil {
+			return 0, err
+		}
+	}
+	want.size = uint32(len(entries))
+	d.tables[sk] = want
+	ws.tables = append(ws.tables, tableWrite{key: sk, entries: entries})
+	return want.size, nil
+}
+
+// tableFingerprint is what a table is built from: IDs, weights and names
+// in slot order (order matters to wrr).
+func tableFingerprint(set []tableBackend) string {
+	var b strings.Builder
+	for _, t := range set {
+		fmt.Fprintf(&b, "%d/%d/%s,", t.id, t.weight, t.name)
+	}
+	return b.String()
+}
+
+// planMembers keeps the membership entries of an affinity frontend equal
+// to its slot set; frontends without affinity have none.
+func (d *Datapath) planMembers(sk xbpf.SchedKey, affinity bool, set []tableBackend, ws *writeSet) {
+	have := d.members[sk]
+	want := map[uint32]bool{}
+	if affinity {
+		for _, t := range set {
+			want[t.id] = true
+		}
+	}
+	for id := range want {
+		if !have[id] {
+			ws.addMembers = append(ws.addMembers, xbpf.MemberKey{SvcId: sk.SvcId, BackendId: id, Scope: sk.Scope})
+		}
+	}
+	for id := range have {
+		if !want[id] {
+			ws.delMembers = append(ws.delMembers, xbpf.MemberKey{SvcId: sk.SvcId, BackendId: id, Scope: sk.Scope})
+		}
+	}
+	if len(want) == 0 {
+		delete(d.members, sk)
+	} else {
+		d.members[sk] = want
+	}
+}
+
+// sweepSchedState queues the removal of scheduler tables and membership
+// entries that no frontend wants (left by a previous agent).
+func (d *Datapath) sweepSchedState(ws *writeSet) error {
+	var sk xbpf.SchedKey
+	var fd uint32
+	it := d.m.SchedTables.Iterate()
+	for it.Next(&sk, &fd) {
+		if _, ok := d.tables[sk]; !ok && !slices.Contains(ws.delTables, sk) {
+			ws.delTables = append(ws.delTables, sk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read scheduler tables: %w", err)
+	}
+	var mk xbpf.MemberKey
+	var v uint32
+	mit := d.m.Members.Iterate()
+	for mit.Next(&mk, &v) {
+		if !d.members[xbpf.SchedKey{SvcId: mk.SvcId, Scope: mk.Scope}][mk.BackendId] {
+			ws.delMembers = append(ws.delMembers, mk)
+		}
+	}
+	if err := mit.Err(); err != nil {
+		return fmt.Errorf("read members: %w", err)
+	}
+	return nil
+}
+
+// dropSchedState queues the removal of a (frontend, scope)'s table and
+// membership entries.
+func (d *Datapath) dropSchedState(sk xbpf.SchedKey, ws *writeSet) {
+	if _, ok := d.tables[sk]; ok {
+		delete(d.tables, sk)
+		ws.delTables = append(ws.delTables, sk)
+	}
+	d.planMembers(sk, false, nil, ws)
 }
 
 // backend returns bk's ID, queueing a write when the backend is new or its
@@ -364,10 +520,11 @@ func (d *Datapath) groupID(name model.ServicePortName, sp *model.ServicePort) (u
 }
 
 // dropStaleSlots deletes slots beyond the new counts, after slot 0 shrank.
-func (d *Datapath) dropStaleSlots(fk frontendKey, written slotCounts, ws *writeSet) {
+func (d *Datapath) dropStaleSlots(fk frontendKey, svcID uint32, written slotCounts, ws *writeSet) {
 	old := d.counts[fk]
 	if old.shortCircuit && !written.shortCircuit {
 		ws.delSlots = append(ws.delSlots, fk.svcKey(1, 0))
+		d.dropSchedState(xbpf.SchedKey{SvcId: svcID, Scope: 1}, ws)
 	}
 	for scope := range 2 {
 		for s := written.n[scope] + 1; s <= old.n[scope]; s++ {
@@ -391,6 +548,11 @@ func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
 		}
 	}
 	delete(d.counts, fk)
+	if id, ok := d.svcIDs.lookup(fk); ok {
+		for scope := range uint8(2) {
+			d.dropSchedState(xbpf.SchedKey{SvcId: id, Scope: scope}, ws)
+		}
+	}
 	d.svcIDs.release(fk)
 }
 
@@ -401,11 +563,23 @@ func (d *Datapath) commit(ws *writeSet) error {
 	if err := d.resetStats(d.m.BackendStats, ws.freshBEs); err != nil {
 		return err
 	}
+	if err := d.resetHeld(ws.freshBEs); err != nil {
+		return err
+	}
 	if err := updateMany(d.m.Backends, ws.backendKeys, ws.backendVals); err != nil {
 		return err
 	}
 	if err := updateMany(d.m.Services, ws.slotKeys, ws.slotVals); err != nil {
 		return err
+	}
+	present := make([]uint32, len(ws.addMembers))
+	if err := updateMany(d.m.Members, ws.addMembers, present); err != nil {
+		return err
+	}
+	for _, t := range ws.tables {
+		if err := d.swapTable(t); err != nil {
+			return err
+		}
 	}
 	if err := updateMany(d.m.Services, ws.headKeys, ws.headVals); err != nil {
 		return err
@@ -413,7 +587,47 @@ func (d *Datapath) commit(ws *writeSet) error {
 	if err := deleteMany(d.m.Services, ws.delSlots); err != nil {
 		return err
 	}
+	if err := deleteMany(d.m.Members, ws.delMembers); err != nil {
+		return err
+	}
+	if err := deleteMany(d.m.SchedTables, ws.delTables); err != nil {
+		return err
+	}
 	return deleteMany(d.m.Backends, ws.delBackends)
+}
+
+// swapTable builds a complete inner map and then replaces the outer entry
+// with it in one update: a packet sees the old table or the new one,
+// never a partial one.
+func (d *Datapath) swapTable(t tableWrite) error {
+	inner, err := ebpf.NewMap(&ebpf.MapSpec{
+		Name: "xvs_sched_tbl", Type: ebpf.Array, KeySize: 4, ValueSize: 4,
+		MaxEntries: uint32(len(t.entries)), Flags: unix.BPF_F_INNER_MAP,
+	})
+	if err != nil {
+		return fmt.Errorf("create scheduler table: %w", err)
+	}
+	defer inner.Close() // the outer map holds its own reference
+	keys := make([]uint32, len(t.entries))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if err := updateMany(inner, keys, t.entries); err != nil {
+		return err
+	}
+	if err := d.m.SchedTables.Update(&t.key, uint32(inner.FD()), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("swap scheduler table of service %d: %w", t.key.SvcId, err)
+	}
+	return nil
+}
+
+// resetHeld zeroes the least-connection counts of fresh backend IDs.
+func (d *Datapath) resetHeld(ids []uint32) error {
+	zero := make([]uint32, len(ids))
+	if err := updateMany(d.m.BackendHeld, ids, zero); err != nil {
+		return err
+	}
+	return updateMany(d.m.BackendReaped, ids, zero)
 }
 
 // resetStats zeroes the counters of freshly allocated IDs, which may hold

@@ -26,7 +26,15 @@ type Maps struct {
 	SvcStats     *ebpf.Map
 	BackendStats *ebpf.Map
 	Verdicts     *ebpf.Map
-	owned        bool
+	// Scheduler state: tables (wrr, mh), round-robin cursors, the
+	// least-connection counts, session affinity and slot membership.
+	SchedTables   *ebpf.Map
+	RRCursors     *ebpf.Map
+	BackendHeld   *ebpf.Map
+	BackendReaped *ebpf.Map
+	Affinity      *ebpf.Map
+	Members       *ebpf.Map
+	owned         bool
 }
 
 // FromObjects uses the maps of loaded objects (the agent's case).
@@ -38,6 +46,13 @@ func FromObjects(o *loader.Objects) *Maps {
 		SvcStats:     o.XvsSvcStats,
 		BackendStats: o.XvsBackendStats,
 		Verdicts:     o.XvsVerdicts,
+
+		SchedTables:   o.XvsSchedTables,
+		RRCursors:     o.XvsRrCursors,
+		BackendHeld:   o.XvsBackendHeld,
+		BackendReaped: o.XvsBackendReaped,
+		Affinity:      o.XvsAffinity,
+		Members:       o.XvsMembers,
 	}
 }
 
@@ -46,12 +61,14 @@ func FromObjects(o *loader.Objects) *Maps {
 func OpenPinned(pinPath string) (*Maps, error) {
 	m := &Maps{owned: true}
 	for name, dst := range map[string]**ebpf.Map{
-		xbpf.XvsMapXvsServices:     &m.Services,
-		xbpf.XvsMapXvsBackends:     &m.Backends,
-		xbpf.XvsMapXvsConntrack:    &m.Conntrack,
-		xbpf.XvsMapXvsSvcStats:     &m.SvcStats,
-		xbpf.XvsMapXvsBackendStats: &m.BackendStats,
-		xbpf.XvsMapXvsVerdicts:     &m.Verdicts,
+		xbpf.XvsMapXvsServices:      &m.Services,
+		xbpf.XvsMapXvsBackends:      &m.Backends,
+		xbpf.XvsMapXvsConntrack:     &m.Conntrack,
+		xbpf.XvsMapXvsSvcStats:      &m.SvcStats,
+		xbpf.XvsMapXvsBackendStats:  &m.BackendStats,
+		xbpf.XvsMapXvsVerdicts:      &m.Verdicts,
+		xbpf.XvsMapXvsBackendHeld:   &m.BackendHeld,
+		xbpf.XvsMapXvsBackendReaped: &m.BackendReaped,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
@@ -70,7 +87,7 @@ func (m *Maps) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.Services, m.Backends, m.Conntrack, m.SvcStats, m.BackendStats, m.Verdicts} {
+	for _, mp := range []*ebpf.Map{m.Services, m.Backends, m.Conntrack, m.SvcStats, m.BackendStats, m.Verdicts, m.BackendHeld, m.BackendReaped} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}

@@ -23,19 +23,11 @@ var schedulers = map[string]xbpf.Sched{
 	"mh":     xbpf.XvsXvsSchedXVS_SCHED_MH,
 }
 
-// implemented lists the schedulers the BPF program carries out today.
-var implemented = map[xbpf.Sched]bool{xbpf.XvsXvsSchedXVS_SCHED_RANDOM: true}
-
-// SchedulerByName resolves a scheduler name. A known IPVS scheduler that
-// the datapath does not carry out yet is an error too: listing "rr" while
-// balancing at random would mislead the operator.
+// SchedulerByName resolves a scheduler name.
 func SchedulerByName(name string) (xbpf.Sched, error) {
 	s, ok := schedulers[name]
 	if !ok {
 		return 0, fmt.Errorf("unknown scheduler %q", name)
-	}
-	if !implemented[s] {
-		return 0, fmt.Errorf("scheduler %q is not implemented by the ebpf datapath", name)
 	}
 	return s, nil
 }

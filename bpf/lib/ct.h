@@ -55,6 +55,17 @@ static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u16 flags)
 	return (__u64)s * NSEC_PER_SEC;
 }
 
+/* Give back the connection a least-connection scheduler counted for the
+ * flow's backend. */
+static __always_inline void ct_release(const struct xvs_ct_entry *e)
+{
+	__u32 id = e->backend_id;
+	__u32 *held = bpf_map_lookup_elem(&xvs_backend_held, &id);
+
+	if (held)
+		__sync_fetch_and_add(held, -1);
+}
+
 /* Account for one packet of a tracked flow: TCP FIN or RST moves the entry
  * to its closing timeout, a reply marks the flow as seen both ways. */
 static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pkt *p, __u64 now)
@@ -65,6 +76,10 @@ static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pk
 		flags |= XVS_CT_F_CLOSING;
 	if (flags & XVS_CT_F_REPLY)
 		flags |= XVS_CT_F_SEEN_REPLY;
+	if ((flags & (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) == (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) {
+		ct_release(e);
+		flags &= ~XVS_CT_F_HELD;
+	}
 	if (flags != e->flags)
 		e->flags = flags;
 

@@ -24,11 +24,15 @@ static __always_inline void svc_key_v4(struct xvs_svc_key *k, __be32 addr, __be1
 	k->slot = 0;
 }
 
-/* Pick a slot in 1..count. Schedulers other than random arrive with the
- * scheduler work; every choice still goes through here. */
-static __always_inline __u16 lb_pick_slot(const struct xvs_svc_value *svc)
+/* The murmur3 finalizer: a cheap, well-mixed hash of a 32-bit word. */
+static __always_inline __u32 mix32(__u32 h)
 {
-	return (__u16)(bpf_get_prandom_u32() % svc->count) + 1;
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
 }
 
 /* Resolve the backend of slot n of the service at key; key is reused. */
@@ -43,6 +47,162 @@ static __always_inline struct xvs_backend *lb_slot_backend(struct xvs_svc_key *k
 	if (!sv)
 		return NULL;
 	*backend_id = sv->backend_id;
+	return bpf_map_lookup_elem(&xvs_backends, backend_id);
+}
+
+/* Entry idx of the frontend's scheduler table, or NULL when the table is
+ * missing (not yet written): the caller then falls back to random. */
+static __always_inline __u32 *lb_table_entry(const struct xvs_svc_key *key, const struct xvs_svc_value *svc,
+					     __u32 idx)
+{
+	struct xvs_sched_key tk = {.svc_id = svc->svc_id, .scope = key->scope};
+	void *table = bpf_map_lookup_elem(&xvs_sched_tables, &tk);
+
+	if (!table)
+		return NULL;
+	return bpf_map_lookup_elem(table, &idx);
+}
+
+static __always_inline bool lb_least_conn(__u8 sched)
+{
+	return sched == XVS_SCHED_LC || sched == XVS_SCHED_WLC || sched == XVS_SCHED_SED ||
+	       sched == XVS_SCHED_NQ;
+}
+
+/* Connections backend id holds: opened minus closed by the datapath, minus
+ * expired ones the agent reaped. */
+static __always_inline __u32 lb_held(__u32 id)
+{
+	__u32 *held = bpf_map_lookup_elem(&xvs_backend_held, &id);
+	__u32 *reaped = bpf_map_lookup_elem(&xvs_backend_reaped, &id);
+	__s32 n;
+
+	if (!held)
+		return 0;
+	n = (__s32)(*held - (reaped ? *reaped : 0));
+	return n > 0 ? n : 0;
+}
+
+struct lb_scan {
+	struct xvs_svc_key key;
+	__u32 best_id;
+	__u32 best_conns;
+	__u32 best_weight;
+	__u16 best_slot;
+	__u8 sched;
+};
+
+/* One step of the least-connection scan (bpf_loop callback): slot i + 1.
+ * The overheads are IPVS's, with held connections as the count:
+ *   lc: C;  wlc: C / W;  sed: (C + 1) / W;  nq: an idle backend at once,
+ *   else sed. Ratios compare by cross-multiplication; weight 0 (quiesced)
+ * never wins. */
+static long lb_scan_step(__u32 i, void *ctx)
+{
+	struct lb_scan *s = ctx;
+	struct xvs_svc_value *sv;
+	struct xvs_backend *be;
+	__u32 id, c, w;
+
+	s->key.slot = i + 1;
+	sv = bpf_map_lookup_elem(&xvs_services, &s->key);
+	if (!sv)
+		return 0;
+	id = sv->backend_id;
+	be = bpf_map_lookup_elem(&xvs_backends, &id);
+	if (!be || be->weight == 0)
+		return 0;
+	c = lb_held(id);
+	w = be->weight;
+	if (s->sched == XVS_SCHED_NQ && c == 0) {
+		s->best_slot = i + 1;
+		return 1;
+	}
+	if (s->sched == XVS_SCHED_SED || s->sched == XVS_SCHED_NQ)
+		c++;
+	if (s->best_slot == 0)
+		goto take;
+	if (s->sched == XVS_SCHED_LC) {
+		if (c < s->best_conns)
+			goto take;
+		return 0;
+	}
+	if ((__u64)c * s->best_weight < (__u64)s->best_conns * w)
+		goto take;
+	return 0;
+take:
+	s->best_slot = i + 1;
+	s->best_conns = c;
+	s->best_weight = w;
+	return 0;
+}
+
+/* Choose a slot in 1..count for a new flow with the Service's scheduler
+ * (IPVS's names and semantics). Table-driven schedulers read the entry's
+ * backend ID directly and return slot 0 with *table_id set. */
+static __always_inline __u16 lb_pick(const struct xvs_svc_key *key, const struct xvs_svc_value *svc,
+				     const struct xvs_pkt *p, __u32 *table_id)
+{
+	__u32 *e;
+
+	switch (svc->sched) {
+	case XVS_SCHED_RR: {
+		__u32 ck = svc->svc_id * 2 + key->scope;
+		__u32 *cur = bpf_map_lookup_elem(&xvs_rr_cursors, &ck);
+
+		if (!cur)
+			break;
+		return (__u16)(__sync_fetch_and_add(cur, 1) % svc->count) + 1;
+	}
+	case XVS_SCHED_WRR: {
+		__u32 ck = svc->svc_id * 2 + key->scope;
+		__u32 *cur = bpf_map_lookup_elem(&xvs_rr_cursors, &ck);
+
+		if (!cur || svc->table_size == 0)
+			break;
+		e = lb_table_entry(key, svc, __sync_fetch_and_add(cur, 1) % svc->table_size);
+		if (!e)
+			break;
+		*table_id = *e;
+		return 0;
+	}
+	case XVS_SCHED_MH:
+		if (svc->table_size == 0)
+			break;
+		e = lb_table_entry(key, svc, mix32(p->saddr) % svc->table_size);
+		if (!e)
+			break;
+		*table_id = *e;
+		return 0;
+	case XVS_SCHED_SH:
+		return (__u16)(mix32(p->saddr) % svc->count) + 1;
+	case XVS_SCHED_DH:
+		return (__u16)(mix32(p->daddr) % svc->count) + 1;
+	case XVS_SCHED_LC:
+	case XVS_SCHED_WLC:
+	case XVS_SCHED_SED:
+	case XVS_SCHED_NQ: {
+		struct lb_scan s = {.key = *key, .sched = svc->sched};
+
+		bpf_loop(svc->count, lb_scan_step, &s, 0);
+		if (s.best_slot)
+			return s.best_slot;
+		break;
+	}
+	}
+	return (__u16)(bpf_get_prandom_u32() % svc->count) + 1;
+}
+
+/* Choose the backend of a new flow; NULL when the map is inconsistent. */
+static __always_inline struct xvs_backend *lb_select(struct xvs_svc_key *key, const struct xvs_svc_value *svc,
+						     const struct xvs_pkt *p, __u32 *backend_id)
+{
+	__u32 table_id = 0;
+	__u16 slot = lb_pick(key, svc, p, &table_id);
+
+	if (slot)
+		return lb_slot_backend(key, slot, backend_id);
+	*backend_id = table_id;
 	return bpf_map_lookup_elem(&xvs_backends, backend_id);
 }
 

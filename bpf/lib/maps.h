@@ -44,6 +44,73 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_fragments SEC(".maps");
 
+/* Scheduler tables (wrr sequences, Maglev tables) of u32 backend IDs, one
+ * inner array per (frontend, scope). The agent builds a new inner map and
+ * swaps it in with one update, so a packet never sees a half-built table. */
+struct xvs_sched_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_INNER_MAP);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, struct xvs_sched_key);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct xvs_sched_table);
+} xvs_sched_tables SEC(".maps");
+
+/* Round-robin cursors, indexed by service ID * 2 + scope; shared by all
+ * CPUs (atomic increments) so the order is global, as in IPVS. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_rr_cursors SEC(".maps");
+
+/* Least-connection schedulers: connections each backend holds, by backend
+ * ID. The datapath adds one when it opens a flow and takes it back when the
+ * flow closes; flows that expire silently are counted by the agent in
+ * xvs_backend_reaped (its only writer), and a backend holds the
+ * difference. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_backend_held SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_backend_reaped SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_affinity_key);
+	__type(value, struct xvs_affinity_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct xvs_member_key);
+	__type(value, __u32);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_members SEC(".maps");
+
 /* Indexed by service (frontend) ID. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

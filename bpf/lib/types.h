@@ -78,6 +78,9 @@ struct xvs_svc_value {
 	__u32 group_id;
 	/* Slot 0: sessionAffinityConfig.clientIP.timeoutSeconds. */
 	__u32 affinity_timeout;
+	/* Slot 0: entries of the scheduler table (wrr sequence, Maglev
+	 * lookup table) in xvs_sched_tables, 0 when the scheduler has none. */
+	__u32 table_size;
 	/* Slot 0: number of backend slots. */
 	__u16 count;
 	/* Slot 0: enum xvs_svc_flags. */
@@ -161,6 +164,38 @@ struct xvs_ct_entry {
 	 * conntrack entry. `xvs list --stats` adds what is still pending. */
 	__u32 packets;
 	__u32 bytes;
+};
+
+/* Key of a scheduler table: one per (frontend, scope). */
+struct xvs_sched_key {
+	__u32 svc_id;
+	__u8 scope;
+	__u8 pad[3];
+};
+
+/* Session affinity: the backend a client was last sent to, per ServicePort
+ * (group), shared by all frontends of the port. */
+struct xvs_affinity_key {
+	__u32 group_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct xvs_affinity_value {
+	/* CLOCK_MONOTONIC ns of the last new connection. */
+	__u64 last_used;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+/* Membership of a backend in a frontend's slot set (affinity services
+ * only): lets a sticky choice be checked against the current endpoints. */
+struct xvs_member_key {
+	__u32 svc_id;
+	__u32 backend_id;
+	__u8 scope;
+	__u8 pad[3];
 };
 
 /* Tracks IPv4 fragments: the first fragment records its ports so later
