@@ -20,6 +20,11 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 	// AnnotationScheduler overrides Config.Scheduler for one Service.
 	AnnotationScheduler = "xvs.io/scheduler"
+	// AnnotationWeights sets scheduler weights (wrr, wlc, sed, nq, mh) of
+	// a Service's endpoints: comma-separated "key=weight", where key is an
+	// endpoint address or the name of its targetRef (the pod); weights are
+	// 1..65535, unlisted endpoints weigh 1. Example: "web-0=3,10.0.1.7=2".
+	AnnotationWeights = "xvs.io/weights"
 
 	defaultAffinityTimeout = 10800 // seconds; v1.DefaultClientIPServiceAffinitySeconds
 	maxAffinityTimeout     = 86400 // seconds; API validation upper bound
@@ -29,7 +34,7 @@ const (
 // xvs.io/scheduler annotation: "" (uniform random, as iptables/nftables) and
 // the kernel IPVS schedulers.
 var schedulers = map[string]bool{
-	"": true, "rr": true, "wrr": true, "lc": true, "wlc": true, "lblc": true,
+	"": true, "random": true, "rr": true, "wrr": true, "lc": true, "wlc": true, "lblc": true,
 	"lblcr": true, "dh": true, "sh": true, "sed": true, "nq": true, "fo": true,
 	"ovf": true, "mh": true, "twos": true,
 }

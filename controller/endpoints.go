@@ -17,6 +17,8 @@ type endpoint struct {
 	model.Endpoint
 	zoneHints []string
 	nodeHints []string
+	// target is the targetRef's name (the pod), for weights.
+	target string
 }
 
 // slicePortKey is how kube-proxy joins a ServicePort to EndpointSlice
@@ -164,6 +166,9 @@ func parseSliceEndpoints(cfg *Config, s *discoveryv1.EndpointSlice, fam int) ([]
 			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 			Weight:      1,
 		}}
+		if e.TargetRef != nil {
+			ep.target = e.TargetRef.Name
+		}
 		if h := e.Hints; h != nil {
 			for _, z := range h.ForZones {
 				ep.zoneHints = append(ep.zoneHints, z.Name)

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -33,6 +35,13 @@ func (e *env) parseService(svc *v1.Service) (*svcInfo, []Problem) {
 			info.scheduler = s
 		} else {
 			report("annotation %s: unknown scheduler %q: using %q", AnnotationScheduler, s, e.cfg.Scheduler)
+		}
+	}
+	if w, ok := svc.Annotations[AnnotationWeights]; ok {
+		var reasons []string
+		info.weights, reasons = parseWeights(w)
+		for _, r := range reasons {
+			report("annotation %s: %s", AnnotationWeights, r)
 		}
 	}
 	info.internalLocal, info.externalLocal = policies(svc)
@@ -156,4 +165,40 @@ func affinity(svc *v1.Service) (model.Affinity, string) {
 		a.TimeoutSeconds = uint32(t)
 	}
 	return a, ""
+}
+
+// parseWeights reads the xvs.io/weights annotation; bad entries are
+// reported and skipped (their endpoints weigh 1).
+func parseWeights(s string) (map[string]uint16, []string) {
+	out := map[string]uint16{}
+	var reasons []string
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(item, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		w, err := strconv.ParseUint(v, 10, 16)
+		if !ok || k == "" || err != nil || w == 0 {
+			reasons = append(reasons, fmt.Sprintf("%q is not key=weight with weight 1..65535: skipped", item))
+			continue
+		}
+		out[k] = uint16(w)
+	}
+	return out, reasons
+}
+
+// weigh applies the weights to endpoints by address or pod name.
+func (info *svcInfo) weigh(eps []endpoint) {
+	if len(info.weights) == 0 {
+		return
+	}
+	for i := range eps {
+		if w, ok := info.weights[eps[i].Addr.String()]; ok {
+			eps[i].Weight = w
+		} else if w, ok := info.weights[eps[i].target]; ok && eps[i].target != "" {
+			eps[i].Weight = w
+		}
+	}
 }

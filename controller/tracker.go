@@ -353,9 +353,14 @@ func sameService(a, b *v1.Service) bool {
 	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
 		return true
 	}
-	schedA, okA := a.Annotations[AnnotationScheduler]
-	schedB, okB := b.Annotations[AnnotationScheduler]
-	return schedA == schedB && okA == okB &&
+	for _, k := range []string{AnnotationScheduler, AnnotationWeights} {
+		va, okA := a.Annotations[k]
+		vb, okB := b.Annotations[k]
+		if va != vb || okA != okB {
+			return false
+		}
+	}
+	return equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
 		equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
 		equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
 		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)

@@ -93,6 +93,11 @@ func (e *env) service(svc *v1.Service, sl []*discoveryv1.EndpointSlice) ([]*mode
 	}
 	eps, p := collectEndpoints(e.cfg, sl)
 	probs = append(probs, p...)
+	for _, fe := range eps {
+		for f := range fe {
+			info.weigh(fe[f])
+		}
+	}
 
 	var out []*model.ServicePort
 	seen := make(map[model.ServicePortName]bool, len(svc.Spec.Ports))
@@ -172,6 +177,7 @@ type svcInfo struct {
 	sourceRanges        []netip.Prefix
 	affinity            model.Affinity
 	scheduler           string
+	weights             map[string]uint16
 	internalLocal       bool
 	externalLocal       bool
 	healthCheckNodePort uint16

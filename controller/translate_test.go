@@ -357,3 +357,24 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// Scheduler weights come from the xvs.io/weights annotation, by endpoint
+// address or pod name; bad entries are reported and weigh 1.
+func TestWeightsAnnotation(t *testing.T) {
+	pod := func(name string) epOpt {
+		return func(e *discoveryv1.Endpoint) { e.TargetRef = &v1.ObjectReference{Kind: "Pod", Name: name} }
+	}
+	svc := newSvc("s", svcAnnotation(AnnotationWeights, " web-0=3, 10.0.0.2 = 2, bogus, web-9=0"), svcAnnotation(AnnotationScheduler, "wrr"))
+	sl := v4Slice("s", newEP("10.0.0.1", pod("web-0")), newEP("10.0.0.2", pod("web-1")), newEP("10.0.0.3", pod("web-2")))
+	sp, probs := translateOne(t, testConfig(), nil, svc, sl)
+	got := map[string]uint16{}
+	for _, e := range sp.ClusterEndpoints {
+		got[e.Addr.String()] = e.Weight
+	}
+	if got["10.0.0.1"] != 3 || got["10.0.0.2"] != 2 || got["10.0.0.3"] != 1 || sp.Scheduler != "wrr" {
+		t.Fatalf("weights %v, scheduler %q", got, sp.Scheduler)
+	}
+	if len(probs) != 2 || !strings.Contains(probs[0].Reason+probs[1].Reason, `"bogus"`) {
+		t.Fatalf("problems: %v", probs)
+	}
+}
