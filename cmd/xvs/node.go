@@ -83,10 +83,20 @@ kind: Service
 metadata:
   name: web
   namespace: demo
+{{- with .Annotations}}
+  annotations:
+{{- range $k, $v := .}}
+    {{$k}}: "{{$v}}"
+{{- end}}
+{{- end}}
 spec:
   type: ClusterIP
   clusterIP: {{.VIP}}
   clusterIPs: [{{.VIP}}]
+{{- if .Affinity}}
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: {{.Affinity}}}}
+{{- end}}
   ports:
   - {name: http, port: 80, targetPort: {{.Port}}, protocol: TCP}
   - {name: dns, port: 53, targetPort: {{.Port}}, protocol: UDP}
@@ -109,15 +119,29 @@ ports:
 - {name: dns, port: {{.Port}}, protocol: UDP}
 `))
 
+// serviceOpts vary the demo Service: annotations (scheduler, weights) and
+// ClientIP affinity with a timeout in seconds (0: none).
+type serviceOpts struct {
+	Annotations map[string]string
+	Affinity    int
+}
+
 // writeService (re)writes the demo Service with the given endpoints. The
 // file is replaced by rename, so the agent never reads half a file.
 func (s *singleNode) writeService(endpoints []netip.Addr) error {
+	return s.writeServiceWith(endpoints, serviceOpts{})
+}
+
+func (s *singleNode) writeServiceWith(endpoints []netip.Addr, o serviceOpts) error {
 	tmp := filepath.Join(s.Dir, ".web.yaml.tmp")
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
 	}
-	err = manifestTmpl.Execute(f, map[string]any{"VIP": demoVIP, "Port": demoBackendPort, "Endpoints": endpoints})
+	err = manifestTmpl.Execute(f, map[string]any{
+		"VIP": demoVIP, "Port": demoBackendPort, "Endpoints": endpoints,
+		"Annotations": o.Annotations, "Affinity": o.Affinity,
+	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -161,21 +185,31 @@ func (s *singleNode) waitProgrammed(want int, timeout time.Duration) error {
 }
 
 func (s *singleNode) programmedBackends() (int, error) {
+	sv, err := s.programmed()
+	if err != nil || sv == nil {
+		return 0, err
+	}
+	return len(sv.Backends), nil
+}
+
+// programmed reads the VIP's TCP port as `xvs list` shows it (nil when it
+// is not programmed).
+func (s *singleNode) programmed() (*maps.ServiceView, error) {
 	m, err := maps.OpenPinned(s.PinPath)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer m.Close()
 	snap, err := m.Read(false)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for _, sv := range snap.Services {
 		if sv.Address == netip.AddrPortFrom(demoVIP, 80) && sv.Protocol == "TCP" {
-			return len(sv.Backends), nil
+			return &sv, nil
 		}
 	}
-	return 0, nil
+	return nil, nil
 }
 
 // Close stops the agent, removes the datapath (in the node namespace) and
