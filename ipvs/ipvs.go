@@ -112,7 +112,7 @@ type Datapath struct {
 func defaultStateFile() string {
 	name := "ipvs-state.json"
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &st); err == nil {
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
 		name = fmt.Sprintf("ipvs-state-%d.json", st.Ino)
 	}
 	return filepath.Join(StateDir, name)
