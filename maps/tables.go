@@ -148,3 +148,17 @@ func gcd(a, b int) int {
 	}
 	return a
 }
+
+// MaglevTable builds the mh lookup table of size m for backends known by
+// their names (weight 1 each, IDs 0..n-1): the agent's own builder, for
+// benchmarks and tools.
+func MaglevTable(names []string, m uint32) ([]uint32, error) {
+	if err := ValidMaglevSize(m); err != nil {
+		return nil, err
+	}
+	bs := make([]tableBackend, len(names))
+	for i, n := range names {
+		bs[i] = tableBackend{id: uint32(i), weight: 1, name: n}
+	}
+	return maglevTable(bs, m)
+}
