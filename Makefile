@@ -3,13 +3,14 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean
+.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
 	@echo "make test    every check and test, as CI runs them (root)"
 	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md (root)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
+	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
 	@echo "make build | generate | generate-check | lint | deps | clean"
 
 deps:
@@ -51,6 +52,18 @@ apiserver:
 
 test-unit:
 	$(GO) test -count=1 -run 'Test[^P]' ./...
+
+# Any directory of conformance scenarios (conformance/FORMAT.md) against one
+# datapath mode, with real traffic in namespaces (root). Results go to
+# bin/conformance-$(MODE).json; conformance-report renders docs/CONFORMANCE.md
+# from every bin/conformance-*.json present (one column per mode).
+CORPUS ?= conformance/corpus
+MODE   ?= ebpf
+conformance: build
+	./$(BIN) conformance run $(CORPUS) --mode $(MODE) --json bin/conformance-$(MODE).json
+
+conformance-report: build
+	./$(BIN) conformance report -o docs/CONFORMANCE.md $(wildcard bin/conformance-*.json)
 
 demo: deps build
 	./$(BIN) demo
