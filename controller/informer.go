@@ -1,0 +1,325 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// InformerConfig configures an InformerSource.
+type InformerConfig struct {
+	// NodeName is this node: only its Node object is watched (a field
+	// selector, so heartbeats of other Nodes never reach the agent).
+	NodeName string
+	// ServiceProxyName is KubeProxyConfiguration's serviceProxyName, turned
+	// into the informers' label selector as kube-proxy does.
+	ServiceProxyName string
+	// ResyncPeriod is configSyncPeriod: how often the informers replay
+	// their caches to the handlers (0 = never). The Tracker collapses the
+	// replays, so they cost a comparison each.
+	ResyncPeriod time.Duration
+}
+
+// Event says what an InformerSource just passed to its Handler.
+type Event struct {
+	// Kind is "Service", "EndpointSlice" or "Node".
+	Kind string
+	// Changed is the Handler's verdict: false for collapsed no-ops.
+	Changed bool
+	// Node is this node's object after the event, nil when it was deleted
+	// (Kind "Node" only). Node eligibility (/healthz) reads it even when
+	// the change does not matter to the translation.
+	Node *v1.Node
+	// TriggerTime is the EndpointSlice's endpoints.kubernetes.io/
+	// last-change-trigger-time annotation, zero when absent (Kind
+	// "EndpointSlice" only): the start of network programming latency.
+	TriggerTime time.Time
+}
+
+// InformerSource feeds a Handler from the Kubernetes API through client-go
+// shared informers: Services and discovery.k8s.io/v1 EndpointSlices
+// selected like kube-proxy selects them, and this node's Node. It is the
+// API counterpart of FileSource; both call the same Handler methods.
+type InformerSource struct {
+	client kubernetes.Interface
+	h      Handler
+	cfg    InformerConfig
+	log    *slog.Logger
+
+	mu       sync.Mutex // guards onEvent and the informers
+	onEvent  func(Event)
+	synced   atomic.Bool
+	services cache.SharedIndexInformer
+	slices   cache.SharedIndexInformer
+	regs     []cache.ResourceEventHandlerRegistration
+}
+
+// NewInformerSource returns a source; nothing is watched until Start.
+func NewInformerSource(client kubernetes.Interface, h Handler, cfg InformerConfig, log *slog.Logger) *InformerSource {
+	return &InformerSource{client: client, h: h, cfg: cfg, log: log}
+}
+
+// ProxyLabelSelector is the label selector kube-proxy puts on its Service
+// and EndpointSlice informers: no service.kubernetes.io/headless label,
+// and the service.kubernetes.io/service-proxy-name label absent (our
+// serviceProxyName empty) or equal to ours. The EndpointSlice controller
+// copies Service labels onto slices, so the same selector fits both.
+func ProxyLabelSelector(serviceProxyName string) (labels.Selector, error) {
+	noHeadless, err := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, err
+	}
+	var proxy *labels.Requirement
+	if serviceProxyName == "" {
+		proxy, err = labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	} else {
+		proxy, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{serviceProxyName})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serviceProxyName %q: %w", serviceProxyName, err)
+	}
+	return labels.NewSelector().Add(*noHeadless, *proxy), nil
+}
+
+// Start starts the informers and returns once every handler has seen the
+// initial list of its informer (HasSynced), or when ctx ends (an error).
+// onEvent (may be nil) is called after every Handler call made after that
+// point; events of the initial lists are not reported, so a caller that
+// syncs on events cannot sync a half-listed world. The informers run until
+// ctx ends.
+func (s *InformerSource) Start(ctx context.Context, onEvent func(Event)) error {
+	if s.cfg.NodeName == "" {
+		return errors.New("informer source: no node name")
+	}
+	sel, err := ProxyLabelSelector(s.cfg.ServiceProxyName)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.onEvent = onEvent
+	s.mu.Unlock()
+
+	proxied := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	ownNode := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
+		}))
+	services := proxied.Core().V1().Services().Informer()
+	slices := proxied.Discovery().V1().EndpointSlices().Informer()
+	s.mu.Lock()
+	s.services, s.slices = services, slices
+	s.mu.Unlock()
+	nodes := ownNode.Core().V1().Nodes().Informer()
+
+	for _, add := range []func() (cache.ResourceEventHandlerRegistration, error){
+		func() (cache.ResourceEventHandlerRegistration, error) {
+			return services.AddEventHandler(s.serviceHandler())
+		},
+		func() (cache.ResourceEventHandlerRegistration, error) {
+			return slices.AddEventHandler(s.sliceHandler())
+		},
+		func() (cache.ResourceEventHandlerRegistration, error) { return nodes.AddEventHandler(s.nodeHandler()) },
+	} {
+		reg, err := add()
+		if err != nil {
+			return fmt.Errorf("informer handler: %w", err)
+		}
+		s.regs = append(s.regs, reg)
+	}
+	proxied.Start(ctx.Done())
+	ownNode.Start(ctx.Done())
+
+	// A registration's HasSynced is true once its handler has been called
+	// for every object of the initial list, which is what matters here:
+	// the Tracker must hold the whole world before the first sync.
+	synced := make([]cache.InformerSynced, len(s.regs))
+	for i, r := range s.regs {
+		synced[i] = r.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("informer source: caches not synced: %w", context.Cause(ctx))
+	}
+	s.synced.Store(true)
+	return nil
+}
+
+// HasSynced reports whether Start has seen every initial list.
+func (s *InformerSource) HasSynced() bool { return s.synced.Load() }
+
+// Service returns the cached Service namespace/name, nil if unknown: the
+// object an Event about a bad Service is attached to.
+func (s *InformerSource) Service(namespace, name string) *v1.Service {
+	s.mu.Lock()
+	inf := s.services
+	s.mu.Unlock()
+	if inf == nil {
+		return nil
+	}
+	o, ok, err := inf.GetStore().GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	svc, _ := o.(*v1.Service)
+	return svc
+}
+
+// EndpointSlice returns the cached EndpointSlice namespace/name, nil if
+// unknown.
+func (s *InformerSource) EndpointSlice(namespace, name string) *discoveryv1.EndpointSlice {
+	s.mu.Lock()
+	inf := s.slices
+	s.mu.Unlock()
+	if inf == nil {
+		return nil
+	}
+	o, ok, err := inf.GetStore().GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	es, _ := o.(*discoveryv1.EndpointSlice)
+	return es
+}
+
+func (s *InformerSource) emit(ev Event) {
+	if !s.synced.Load() {
+		return
+	}
+	s.mu.Lock()
+	f := s.onEvent
+	s.mu.Unlock()
+	if f != nil {
+		f(ev)
+	}
+}
+
+// unwrap returns the object of a delete notification: the object itself,
+// or the last known state inside a DeletedFinalStateUnknown tombstone (the
+// watch missed the delete and a relist found the object gone).
+func unwrap[T runtime.Object](obj any) (T, bool) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	o, ok := obj.(T)
+	return o, ok
+}
+
+func (s *InformerSource) unexpected(what string, obj any) {
+	s.log.Error("Unexpected object from informer; ignored", "informer", what, "type", fmt.Sprintf("%T", obj))
+}
+
+func (s *InformerSource) serviceHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if svc, ok := unwrap[*v1.Service](obj); ok {
+				s.emit(Event{Kind: "Service", Changed: s.h.OnServiceAdd(svc)})
+			} else {
+				s.unexpected("Service", obj)
+			}
+		},
+		UpdateFunc: func(oldObj, obj any) {
+			old, ok1 := unwrap[*v1.Service](oldObj)
+			svc, ok2 := unwrap[*v1.Service](obj)
+			if !ok1 || !ok2 {
+				s.unexpected("Service", obj)
+				return
+			}
+			s.emit(Event{Kind: "Service", Changed: s.h.OnServiceUpdate(old, svc)})
+		},
+		DeleteFunc: func(obj any) {
+			if svc, ok := unwrap[*v1.Service](obj); ok {
+				s.emit(Event{Kind: "Service", Changed: s.h.OnServiceDelete(svc)})
+			} else {
+				s.unexpected("Service", obj)
+			}
+		},
+	}
+}
+
+func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if es, ok := unwrap[*discoveryv1.EndpointSlice](obj); ok {
+				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceAdd(es), TriggerTime: triggerTime(es)})
+			} else {
+				s.unexpected("EndpointSlice", obj)
+			}
+		},
+		UpdateFunc: func(oldObj, obj any) {
+			old, ok1 := unwrap[*discoveryv1.EndpointSlice](oldObj)
+			es, ok2 := unwrap[*discoveryv1.EndpointSlice](obj)
+			if !ok1 || !ok2 {
+				s.unexpected("EndpointSlice", obj)
+				return
+			}
+			s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceUpdate(old, es), TriggerTime: triggerTime(es)})
+		},
+		DeleteFunc: func(obj any) {
+			if es, ok := unwrap[*discoveryv1.EndpointSlice](obj); ok {
+				// No trigger time: the annotation describes the last
+				// update, not the deletion.
+				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceDelete(es)})
+			} else {
+				s.unexpected("EndpointSlice", obj)
+			}
+		},
+	}
+}
+
+func (s *InformerSource) nodeHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if n, ok := unwrap[*v1.Node](obj); ok {
+				s.emit(Event{Kind: "Node", Changed: s.h.OnNodeAdd(n), Node: n})
+			} else {
+				s.unexpected("Node", obj)
+			}
+		},
+		UpdateFunc: func(oldObj, obj any) {
+			old, ok1 := unwrap[*v1.Node](oldObj)
+			n, ok2 := unwrap[*v1.Node](obj)
+			if !ok1 || !ok2 {
+				s.unexpected("Node", obj)
+				return
+			}
+			s.emit(Event{Kind: "Node", Changed: s.h.OnNodeUpdate(old, n), Node: n})
+		},
+		DeleteFunc: func(obj any) {
+			if n, ok := unwrap[*v1.Node](obj); ok {
+				s.emit(Event{Kind: "Node", Changed: s.h.OnNodeDelete(n)})
+			} else {
+				s.unexpected("Node", obj)
+			}
+		},
+	}
+}
+
+// triggerTime reads the EndpointSlice controller's
+// endpoints.kubernetes.io/last-change-trigger-time annotation (RFC 3339):
+// when the Pod or Service change that produced this slice happened.
+func triggerTime(es *discoveryv1.EndpointSlice) time.Time {
+	v, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
