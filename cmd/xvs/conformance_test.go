@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xvs-lb/xvs/conformance"
+)
+
+// runCorpus runs dir through the conformance runner with this test binary
+// as the agent (TestMain turns it into xvs), logging every probe line.
+func runCorpus(t *testing.T, dir, filter string, extra ...string) *conformance.Results {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("conformance tests need root (network namespaces, BPF); run them as root")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := conformance.Options{Mode: conformance.ModeEBPF, Bin: bin, ExtraAgentArgs: extra, Out: tlog{t}, LogDir: t.TempDir()}
+	if filter != "" {
+		opts.Filter = regexp.MustCompile(filter)
+	}
+	start := time.Now()
+	res, err := conformance.Run(context.Background(), dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d scenarios in %v", len(res.Scenarios), time.Since(start).Round(time.Millisecond))
+	return res
+}
+
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// probes indexes results as "scenario/probe" -> pass.
+func probes(res *conformance.Results) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range res.Scenarios {
+		for _, p := range s.Probes {
+			out[fmt.Sprintf("%s/%d/%s", s.Name, p.Step, p.Probe)] = p.Pass
+		}
+	}
+	return out
+}
+
+// freshScenario is written the way someone outside the project might
+// write one: block style, JSON-style objects, explicit roles, bare node
+// addresses, no section, a Node of its own, mode spelt "bpf". It uses only
+// what the datapath does today, and one deliberately wrong expectation
+// that the runner must report as failed.
+const freshScenario = `# written for TestPrivConformanceFreshScenario
+name: outsider-written
+description: An independent author's ClusterIP check
+node:
+  name: worker-7
+  addresses:
+    - 198.18.40.7
+cluster:
+  podCIDRs: ["100.64.0.0/16"]
+  serviceCIDRs: ["10.96.0.0/12"]
+modes: [bpf]
+objects:
+  - {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "worker-7"},
+     "status": {"addresses": [{"type": "InternalIP", "address": "198.18.40.7"}]}}
+  - apiVersion: v1
+    kind: Service
+    metadata:
+      name: kv
+    spec:
+      clusterIP: 10.100.7.7
+      ports:
+        - name: client
+          port: 2379
+          targetPort: 12379
+        - name: gossip
+          port: 7946
+          protocol: UDP
+          targetPort: 17946
+  - apiVersion: discovery.k8s.io/v1
+    kind: EndpointSlice
+    metadata:
+      name: kv-xyz12
+      labels:
+        kubernetes.io/service-name: kv
+    addressType: IPv4
+    endpoints:
+      - addresses: ["100.64.3.10"]
+        nodeName: worker-7
+        conditions: {ready: true, serving: true, terminating: false}
+      - addresses: ["100.64.9.20"]
+        nodeName: worker-9
+    ports:
+      - {name: client, port: 12379}
+      - {name: gossip, port: 17946, protocol: UDP}
+steps:
+  - probes:
+      - name: etcd client over TCP
+        from: {ip: 100.64.3.99, role: pod}
+        to: 10.100.7.7:2379
+        expect: ["100.64.9.20:12379", "100.64.3.10:12379"]
+        masquerade: false
+        tries: 20
+      - name: gossip over UDP
+        from: 100.64.3.99
+        to: 10.100.7.7:7946
+        protocol: UDP
+        expect: ["100.64.3.10:17946", "100.64.9.20:17946"]
+      - name: deliberately wrong expectation
+        from: 100.64.3.99
+        to: 10.100.7.7:2379
+        expect: REJECT
+  - hold: {name: session, from: 100.64.3.99, to: "10.100.7.7:2379"}
+  - delete:
+      - {kind: EndpointSlice, name: kv-xyz12}
+  - check: {held: session, alive: true}
+  - probes:
+      - {name: no endpoints left, from: 100.64.3.99, to: "10.100.7.7:2379", expect: REJECT, timeout: 2s}
+`
+
+// TestPrivConformanceFreshScenario: a scenario written outside the corpus,
+// in another style, placed in a temporary directory, runs unchanged, and
+// the runner tells pass from fail.
+func TestPrivConformanceFreshScenario(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "outsider.yml"), []byte(freshScenario), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := runCorpus(t, dir, "")
+	got := probes(res)
+	want := map[string]bool{
+		"outsider-written/1/etcd client over TCP":           true,
+		"outsider-written/1/gossip over UDP":                true,
+		"outsider-written/1/deliberately wrong expectation": false,
+		"outsider-written/2/hold session":                   true,
+		"outsider-written/4/check session":                  true,
+		"outsider-written/5/no endpoints left":              true,
+	}
+	for k, w := range want {
+		if g, ok := got[k]; !ok || g != w {
+			t.Errorf("%s: pass=%v (reported: %v), want %v", k, g, ok, w)
+		}
+	}
+	if len(got) != len(want) || res.Passed != 5 || res.Failed != 1 {
+		t.Errorf("results %v: %d passed, %d failed; want 5 and 1", got, res.Passed, res.Failed)
+	}
+}
+
+// TestPrivConformanceMalformed: broken files are reported as failed with
+// their path and reason, and the good scenario next to them still runs.
+func TestPrivConformanceMalformed(t *testing.T) {
+	dir := t.TempDir()
+	good := strings.Replace(freshScenario, "name: outsider-written", "name: good-one", 1)
+	files := map[string]string{
+		"a-good.yaml":      good,
+		"b-typo.yaml":      strings.Replace(good, "name: good-one", "name: typo", 1) + "expcet: DROP\n",
+		"c-not-yaml.yaml":  "name: [unclosed\n",
+		"d-no-probes.yaml": "name: empty\nnode: {name: n, addresses: [192.0.2.1]}\n",
+	}
+	for n, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := runCorpus(t, dir, "")
+	status := map[string]conformance.ScenarioResult{}
+	for _, s := range res.Scenarios {
+		status[filepath.Base(s.File)] = s
+	}
+	for n, reason := range map[string]string{
+		"b-typo.yaml":      `unknown field "expcet"`,
+		"c-not-yaml.yaml":  "YAML",
+		"d-no-probes.yaml": "no probes",
+	} {
+		s := status[n]
+		if s.Status != conformance.StatusMalformed || !strings.Contains(s.Error, reason) {
+			t.Errorf("%s: status %q, error %q; want malformed with %q", n, s.Status, s.Error, reason)
+		}
+	}
+	if g := status["a-good.yaml"]; g.Status != conformance.StatusFail || len(g.Probes) != 6 {
+		t.Errorf("the good scenario did not run fully: %+v", g)
+	}
+	if res.Failed != 3+1 {
+		t.Errorf("failed = %d, want 3 malformed + 1 wrong expectation", res.Failed)
+	}
+}
+
+// TestPrivConformanceBreakRevNAT: with reverse NAT disabled in the
+// datapath (--debug-disable-rev-nat), every corpus probe that needs a reply
+// from a backend through the VIP fails, and the probes that do not (REJECT
+// with no endpoints, traffic the proxy leaves alone) still pass.
+func TestPrivConformanceBreakRevNAT(t *testing.T) {
+	dir, err := filepath.Abs("../../conformance/corpus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pick = `^(svc-ports-independent|svc-named-targetport|clusterip-same-port-protocols|svc-fqdn-slice-ignored|svc-headless-ignored)$`
+	healthy := probes(runCorpus(t, dir, pick))
+	broken := probes(runCorpus(t, dir, pick, "--debug-disable-rev-nat"))
+	needsRevNAT := map[string]bool{
+		"svc-ports-independent/0/port 80 goes to 8080":                                    true,
+		"svc-ports-independent/0/port 81 goes to 9000":                                    true,
+		"svc-named-targetport/0/each pod is reached on its own container port":            true,
+		"clusterip-same-port-protocols/0/TCP 53 goes to the TCP target":                   true,
+		"clusterip-same-port-protocols/0/UDP 53 goes to the UDP target":                   true,
+		"svc-fqdn-slice-ignored/0/the IPv4 slice next to an FQDN slice is used":           true,
+		"svc-fqdn-slice-ignored/0/only an FQDN slice means no endpoints":                  false,
+		"svc-headless-ignored/0/pod reaches a headless endpoint directly, untouched":      false,
+		"svc-headless-ignored/0/clusterIP of a Service labelled headless is not captured": false,
+	}
+	if len(healthy) != len(needsRevNAT) {
+		t.Fatalf("ran %d probes, want %d: %v", len(healthy), len(needsRevNAT), healthy)
+	}
+	for k, needs := range needsRevNAT {
+		if !healthy[k] {
+			t.Errorf("%s fails on the healthy datapath", k)
+		}
+		if broken[k] == needs {
+			t.Errorf("%s: pass=%v without reverse NAT, want %v", k, broken[k], !needs)
+		}
+	}
+}
