@@ -15,6 +15,10 @@ import (
 // replaces it atomically and cleanup deletes it, touching nothing else.
 const TableName = "xvs-ipvs"
 
+// MasqueradeMark is the packet mark bit that asks for SNAT: kube-proxy's
+// (bit 14), so both agree on a node being migrated.
+const MasqueradeMark = 0x4000
+
 // The rules do what kube-proxy's IPVS mode does with iptables and ipsets:
 //
 //   - filter_input (priority filter, before IPVS takes the packet at
@@ -22,11 +26,14 @@ const TableName = "xvs-ipvs"
 //     (KUBE-LOAD-BALANCER-FW), then new connections to a dummy-interface
 //     address on a port that is not a Service are rejected
 //     (KUBE-IPVS-FILTER, #72236).
-//   - nat_postrouting: masquerade hairpin connections (KUBE-LOOP-BACK),
-//     external frontends with externalTrafficPolicy=Cluster, and ClusterIP
-//     traffic with masqueradeAll or from outside the pod CIDRs (the
-//     ClusterCIDR local-traffic detector). IPVS with net.ipv4.vs.conntrack=1
-//     keeps conntrack's original tuple (the VIP), which the rules match.
+//   - mark_prerouting, mark_output: mark for masquerade new packets to
+//     external frontends with externalTrafficPolicy=Cluster, and to
+//     ClusterIPs with masqueradeAll or from outside the pod CIDRs (the
+//     ClusterCIDR local-traffic detector);
+//   - nat_postrouting: masquerade marked packets (IPVS keeps the mark when
+//     it forwards) and hairpin connections (KUBE-LOOP-BACK). IPVS with
+//     net.ipv4.vs.conntrack=1 keeps the flows in conntrack, so the NAT
+//     applies to the whole connection.
 type ruleApplier interface {
 	Apply(script string) error
 	Delete() error
@@ -131,16 +138,25 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw %s daddr . meta l4proto . th dport . %s saddr != @lb_allow counter drop\n", ip, ip, ip)
 		fmt.Fprintf(&b, "\t\tct state new %s daddr @vips %s daddr . meta l4proto . th dport != @services counter reject\n", ip, ip)
 		fmt.Fprintf(&b, "\t}\n")
-		fmt.Fprintf(&b, "\tchain nat_postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
-		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport . %s saddr @loop_back counter masquerade\n", ip, ip)
-		orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)
-		fmt.Fprintf(&b, "\t\t%s @masq_external counter masquerade\n", orig)
-		switch {
-		case st.MasqueradeAll:
-			fmt.Fprintf(&b, "\t\t%s @cluster_ips counter masquerade\n", orig)
-		case len(pods) > 0:
-			fmt.Fprintf(&b, "\t\t%s @cluster_ips ct original %s saddr != @pod_cidrs counter masquerade\n", orig, ip)
+		// Mark-then-masquerade, as kube-proxy: the decision needs the
+		// Service port, which only the packet before IPVS's DNAT carries.
+		mark := fmt.Sprintf("meta mark set meta mark | %#x", MasqueradeMark)
+		svc := fmt.Sprintf("%s daddr . meta l4proto . th dport", ip)
+		for _, chain := range []string{"mark_prerouting", "mark_output"} {
+			hook := strings.TrimPrefix(chain, "mark_")
+			fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s priority dstnat; policy accept;\n", chain, hook)
+			fmt.Fprintf(&b, "\t\t%s @masq_external %s\n", svc, mark)
+			switch {
+			case st.MasqueradeAll:
+				fmt.Fprintf(&b, "\t\t%s @cluster_ips %s\n", svc, mark)
+			case len(pods) > 0:
+				fmt.Fprintf(&b, "\t\t%s @cluster_ips %s saddr != @pod_cidrs %s\n", svc, ip, mark)
+			}
+			fmt.Fprintf(&b, "\t}\n")
 		}
+		fmt.Fprintf(&b, "\tchain nat_postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
+		fmt.Fprintf(&b, "\t\tmeta mark & %#x == %#x counter masquerade\n", MasqueradeMark, MasqueradeMark)
+		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport . %s saddr @loop_back counter masquerade\n", ip, ip)
 		fmt.Fprintf(&b, "\t}\n}\n")
 	}
 	return b.String()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
@@ -319,20 +320,25 @@ func TestPrivIPVSFallback(t *testing.T) {
 		ev.Reason != "DatapathFallback" || !strings.Contains(ev.Message, "injected failure") {
 		t.Errorf("event %+v", ev)
 	}
-	var body string
-	err = w.Node.Do(func() error {
-		resp, err := http.Get("http://" + metricsAddr + "/metrics")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
+	// The metrics server listens in the node namespace: dial from a thread
+	// inside it (net/http would dial from another thread).
+	var conn net.Conn
+	if err := w.Node.Do(func() (err error) {
+		conn, err = net.DialTimeout("tcp", metricsAddr, 3*time.Second)
 		return err
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(conn, "GET /metrics HTTP/1.0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	body := string(raw)
 	for _, want := range []string{`xvs_datapath_mode{mode="ipvs"} 1`, `xvs_datapath_fallbacks_total{to="ipvs",reason="BPFLoadFailed"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
@@ -388,4 +394,18 @@ func TestIPVSModeWithoutIPVS(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("took %v to fail", d)
 	}
+}
+
+// kernelOlderThan reports whether the running kernel is older than
+// major.minor.
+func kernelOlderThan(major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma < major || (ma == major && mi < minor)
 }
