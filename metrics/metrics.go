@@ -1,0 +1,160 @@
+// Package metrics holds the agent's Prometheus metrics: kube-proxy's, under
+// kube-proxy's names and buckets so that dashboards, alerts and
+// clusterloader2's NetworkProgrammingLatency measurement work unchanged,
+// and xvs's own under the xvs_ prefix.
+//
+// Every metric lives in a Metrics value with its own registry (no global
+// state), so tests and several agents in one process do not collide.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const kubeProxySubsystem = "kubeproxy"
+
+// IP family label values, as kube-proxy spells them (v1.IPFamily).
+const (
+	IPv4 = "IPv4"
+	IPv6 = "IPv6"
+)
+
+// Metrics are the agent's metrics.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	// kube-proxy's (SEMANTICS.md 3.21).
+	SyncProxyRulesLatency             *prometheus.HistogramVec
+	SyncFullProxyRulesLatency         *prometheus.HistogramVec
+	SyncPartialProxyRulesLatency      *prometheus.HistogramVec
+	SyncProxyRulesLastTimestamp       *prometheus.GaugeVec
+	SyncProxyRulesLastQueuedTimestamp *prometheus.GaugeVec
+	NetworkProgrammingLatency         *prometheus.HistogramVec
+	EndpointChangesPending            prometheus.Gauge
+	EndpointChangesTotal              prometheus.Counter
+	ServiceChangesPending             prometheus.Gauge
+	ServiceChangesTotal               prometheus.Counter
+	NoLocalEndpointsTotal             *prometheus.GaugeVec
+	ProxyHealthzTotal                 *prometheus.CounterVec
+	ProxyLivezTotal                   *prometheus.CounterVec
+
+	// xvs's own.
+	SyncFailuresTotal *prometheus.CounterVec
+	Problems          *prometheus.GaugeVec
+	UnsupportedConfig *prometheus.GaugeVec
+	ServicePorts      prometheus.Gauge
+}
+
+// syncBuckets are kube-proxy's: 1 ms doubling, 15 buckets (to ~16 s).
+var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// programmingBuckets are kube-proxy's network programming buckets: 0.25 s,
+// 0.5 s, 1..59 s, 60..115 s by 5, 120..300 s by 30.
+func programmingBuckets() []float64 {
+	b := []float64{0}
+	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	b = append(b, prometheus.LinearBuckets(120, 30, 7)...)
+	return b
+}
+
+// New returns the metrics registered on a fresh registry, with the Go and
+// process collectors kube-proxy's registry has too.
+func New() *Metrics {
+	kp := func(name string) prometheus.Opts {
+		return prometheus.Opts{Subsystem: kubeProxySubsystem, Name: name}
+	}
+	hist := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		o := kp(name)
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: o.Subsystem, Name: o.Name,
+			Help: help + " [ALPHA]", Buckets: buckets}, labels)
+	}
+	gaugeVec := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		o := kp(name)
+		o.Help = help + " [ALPHA]"
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts(o), labels)
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		o := kp(name)
+		o.Help = help + " [ALPHA]"
+		return prometheus.NewGauge(prometheus.GaugeOpts(o))
+	}
+	counter := func(name, help string) prometheus.Counter {
+		o := kp(name)
+		o.Help = help + " [ALPHA]"
+		return prometheus.NewCounter(prometheus.CounterOpts(o))
+	}
+	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		o := kp(name)
+		o.Help = help + " [ALPHA]"
+		return prometheus.NewCounterVec(prometheus.CounterOpts(o), labels)
+	}
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		SyncProxyRulesLatency: hist("sync_proxy_rules_duration_seconds",
+			"SyncProxyRules latency in seconds", syncBuckets, "ip_family"),
+		SyncFullProxyRulesLatency: hist("sync_full_proxy_rules_duration_seconds",
+			"SyncProxyRules latency in seconds for full resyncs", syncBuckets, "ip_family"),
+		SyncPartialProxyRulesLatency: hist("sync_partial_proxy_rules_duration_seconds",
+			"SyncProxyRules latency in seconds for partial resyncs", syncBuckets, "ip_family"),
+		SyncProxyRulesLastTimestamp: gaugeVec("sync_proxy_rules_last_timestamp_seconds",
+			"The last time proxy rules were successfully synced", "ip_family"),
+		SyncProxyRulesLastQueuedTimestamp: gaugeVec("sync_proxy_rules_last_queued_timestamp_seconds",
+			"The last time a sync of proxy rules was queued", "ip_family"),
+		NetworkProgrammingLatency: hist("network_programming_duration_seconds",
+			"In Cluster Network Programming Latency in seconds", programmingBuckets(), "ip_family"),
+		EndpointChangesPending: gauge("sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes"),
+		EndpointChangesTotal:   counter("sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes"),
+		ServiceChangesPending:  gauge("sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes"),
+		ServiceChangesTotal:    counter("sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes"),
+		NoLocalEndpointsTotal: gaugeVec("sync_proxy_rules_no_local_endpoints_total",
+			"Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family"),
+		ProxyHealthzTotal: counterVec("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code"),
+		ProxyLivezTotal:   counterVec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code"),
+
+		SyncFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_sync_failures_total",
+			Help: "Datapath syncs that failed (each is followed by a full resync)"}, []string{"mode"}),
+		Problems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "xvs_problems",
+			Help: "Current bad inputs (Services, EndpointSlices, Node, configuration) skipped or partly used, by object kind"},
+			[]string{"kind"}),
+		UnsupportedConfig: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "xvs_config_unsupported_fields",
+			Help: "KubeProxyConfiguration fields set to a non-default value that xvs does not honour (1 per field)"},
+			[]string{"field"}),
+		ServicePorts: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xvs_service_ports",
+			Help: "Service ports in the last synced state"}),
+	}
+	m.Registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.SyncProxyRulesLatency, m.SyncFullProxyRulesLatency, m.SyncPartialProxyRulesLatency,
+		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueuedTimestamp, m.NetworkProgrammingLatency,
+		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
+		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal,
+		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts,
+	)
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// ObserveSync records one successful sync of the given families.
+func (m *Metrics) ObserveSync(families []string, full bool, took time.Duration, at time.Time) {
+	for _, f := range families {
+		m.SyncProxyRulesLatency.WithLabelValues(f).Observe(took.Seconds())
+		if full {
+			m.SyncFullProxyRulesLatency.WithLabelValues(f).Observe(took.Seconds())
+		} else {
+			m.SyncPartialProxyRulesLatency.WithLabelValues(f).Observe(took.Seconds())
+		}
+		m.SyncProxyRulesLastTimestamp.WithLabelValues(f).Set(float64(at.UnixNano()) / 1e9)
+	}
+}

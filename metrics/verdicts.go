@@ -1,0 +1,55 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// VerdictCounts are the datapath's counters of one verdict, summed over
+// CPUs.
+type VerdictCounts struct {
+	Packets, Bytes uint64
+}
+
+// verdictCollector reads the datapath's per-verdict counters at scrape
+// time: the BPF program counts, the registry only reports.
+type verdictCollector struct {
+	read    func() (map[string]VerdictCounts, error)
+	packets *prometheus.Desc
+	bytes   *prometheus.Desc
+	errors  *prometheus.Desc
+}
+
+// RegisterVerdicts exports xvs_datapath_packets_total{verdict} and
+// xvs_datapath_bytes_total{verdict} from read, called on every scrape (the
+// eBPF datapath reads its per-CPU verdict array). A failed read is
+// reported as xvs_datapath_read_errors 1 rather than failing the scrape.
+func (m *Metrics) RegisterVerdicts(read func() (map[string]VerdictCounts, error)) error {
+	return m.Registry.Register(&verdictCollector{
+		read: read,
+		packets: prometheus.NewDesc("xvs_datapath_packets_total",
+			"Packets seen by the datapath program, by verdict", []string{"verdict"}, nil),
+		bytes: prometheus.NewDesc("xvs_datapath_bytes_total",
+			"Bytes seen by the datapath program, by verdict", []string{"verdict"}, nil),
+		errors: prometheus.NewDesc("xvs_datapath_read_errors",
+			"1 when the last scrape could not read the datapath counters", nil, nil),
+	})
+}
+
+func (c *verdictCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.bytes
+	ch <- c.errors
+}
+
+func (c *verdictCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, err := c.read()
+	failed := 0.0
+	if err != nil {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.GaugeValue, failed)
+	for v, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(n.Packets), v)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(n.Bytes), v)
+	}
+}
