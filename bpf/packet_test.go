@@ -109,9 +109,10 @@ func TestPrivPacketUntouched(t *testing.T) {
 	e := oneService(t, model.TCP, 80, backend1)
 	other := netip.MustParseAddr("198.51.100.7")
 	cases := map[string][]byte{
-		"other address":  packet(t, client, other, l4{proto: model.TCP, sport: 1, dport: 80, syn: true}),
-		"other port":     packet(t, client, vip, l4{proto: model.TCP, sport: 1, dport: 81, syn: true}),
-		"other protocol": packet(t, client, vip, l4{proto: model.UDP, sport: 1, dport: 80}),
+		"other address": packet(t, client, other, l4{proto: model.TCP, sport: 1, dport: 80, syn: true}),
+		// A live ClusterIP on another port is REJECTed (nstest in
+		// northsouth_test.go); an address no Service owns is not ours.
+		"other port of a non-ClusterIP": packet(t, other, client, l4{proto: model.TCP, sport: 80, dport: 81, syn: true}),
 	}
 	full := packet(t, client, vip, l4{proto: model.TCP, sport: 3333, dport: 80, syn: true, payload: []byte("abc")})
 	// BPF_PROG_TEST_RUN refuses IPv4 frames shorter than Ethernet + IPv4

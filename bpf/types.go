@@ -21,6 +21,9 @@ type (
 	MemberKey = XvsXvsMemberKey
 	AffKey    = XvsXvsAffinityKey
 	AffValue  = XvsXvsAffinityValue
+	NodeConf  = XvsXvsConfig
+	LPMKey    = XvsXvsLpmKey
+	VIPKey    = XvsXvsVipKey
 )
 
 const (

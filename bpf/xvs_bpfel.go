@@ -45,6 +45,22 @@ const (
 	XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL XvsXvsBackendFlags = 1
 )
 
+type XvsXvsConfig struct {
+	_           structs.HostLayout
+	SnatAddr4   [16]uint8
+	SnatAddr6   [16]uint8
+	Flags       uint32
+	SnatPortMin uint16
+	SnatPortMax uint16
+}
+
+type XvsXvsConfigFlags uint32
+
+const (
+	XvsXvsConfigFlagsXVS_CFG_MASQ_ALL     XvsXvsConfigFlags = 1
+	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL XvsXvsConfigFlags = 2
+)
+
 type XvsXvsCtEntry struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -106,6 +122,13 @@ const (
 	XvsXvsKindXVS_KIND_EXTERNAL_IP   XvsXvsKind = 3
 	XvsXvsKindXVS_KIND_LOAD_BALANCER XvsXvsKind = 4
 )
+
+type XvsXvsLpmKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Id        uint32
+	Addr      [16]uint8
+}
 
 type XvsXvsMemberKey struct {
 	_         structs.HostLayout
@@ -203,8 +226,20 @@ const (
 	XvsXvsVerdictXVS_V_DROP_INVALID        XvsXvsVerdict = 9
 	XvsXvsVerdictXVS_V_DROP_REWRITE        XvsXvsVerdict = 10
 	XvsXvsVerdictXVS_V_DROP_REJECT_FAILED  XvsXvsVerdict = 11
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 12
+	XvsXvsVerdictXVS_V_DROP_SOURCE_RANGE   XvsXvsVerdict = 12
+	XvsXvsVerdictXVS_V_REJECT_WRONG_PORT   XvsXvsVerdict = 13
+	XvsXvsVerdictXVS_V_DROP_UNALLOCATED    XvsXvsVerdict = 14
+	XvsXvsVerdictXVS_V_DROP_SNAT_EXHAUSTED XvsXvsVerdict = 15
+	XvsXvsVerdictXVS_V_FWD_XDP             XvsXvsVerdict = 16
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 17
 )
+
+type XvsXvsVipKey struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Family uint8
+	Pad    [3]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -215,27 +250,38 @@ const (
 	XvsMapXvsBackendReaped     = "xvs_backend_reaped"
 	XvsMapXvsBackendStats      = "xvs_backend_stats"
 	XvsMapXvsBackends          = "xvs_backends"
+	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsFragments         = "xvs_fragments"
 	XvsMapXvsMembers           = "xvs_members"
+	XvsMapXvsNodeConfig        = "xvs_node_config"
+	XvsMapXvsPodCidrs          = "xvs_pod_cidrs"
 	XvsMapXvsRrCursors         = "xvs_rr_cursors"
 	XvsMapXvsSchedTables       = "xvs_sched_tables"
+	XvsMapXvsScratch           = "xvs_scratch"
+	XvsMapXvsServiceCidrs      = "xvs_service_cidrs"
 	XvsMapXvsServices          = "xvs_services"
+	XvsMapXvsSourceRanges      = "xvs_source_ranges"
 	XvsMapXvsSvcStats          = "xvs_svc_stats"
 	XvsMapXvsVerdicts          = "xvs_verdicts"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
+	XvsProgXvsXdp              = "xvs_xdp"
+	XvsProgXvsXdpEmpty         = "xvs_xdp_empty"
 	XvsVarUnusedAffinityKey    = "_unused_affinity_key"
 	XvsVarUnusedAffinityValue  = "_unused_affinity_value"
 	XvsVarUnusedBackendFlags   = "_unused_backend_flags"
+	XvsVarUnusedConfigFlags    = "_unused_config_flags"
 	XvsVarUnusedCtFlags        = "_unused_ct_flags"
 	XvsVarUnusedKind           = "_unused_kind"
+	XvsVarUnusedLpmKey         = "_unused_lpm_key"
 	XvsVarUnusedMemberKey      = "_unused_member_key"
 	XvsVarUnusedSched          = "_unused_sched"
 	XvsVarUnusedSchedKey       = "_unused_sched_key"
 	XvsVarUnusedScope          = "_unused_scope"
 	XvsVarUnusedSvcFlags       = "_unused_svc_flags"
 	XvsVarUnusedVerdict        = "_unused_verdict"
+	XvsVarUnusedVipKey         = "_unused_vip_key"
 	XvsVarCfgCtTcpClosingS     = "cfg_ct_tcp_closing_s"
 	XvsVarCfgCtTcpEstablishedS = "cfg_ct_tcp_established_s"
 	XvsVarCfgCtTcpSynS         = "cfg_ct_tcp_syn_s"
@@ -288,6 +334,8 @@ type XvsSpecs struct {
 type XvsProgramSpecs struct {
 	XvsTcEmpty   *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
 	XvsTcIngress *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
+	XvsXdp       *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
+	XvsXdpEmpty  *ebpf.ProgramSpec `ebpf:"xvs_xdp_empty"`
 }
 
 // XvsMapSpecs contains maps before they are loaded into the kernel.
@@ -299,12 +347,18 @@ type XvsMapSpecs struct {
 	XvsBackendReaped *ebpf.MapSpec `ebpf:"xvs_backend_reaped"`
 	XvsBackendStats  *ebpf.MapSpec `ebpf:"xvs_backend_stats"`
 	XvsBackends      *ebpf.MapSpec `ebpf:"xvs_backends"`
+	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
 	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
+	XvsNodeConfig    *ebpf.MapSpec `ebpf:"xvs_node_config"`
+	XvsPodCidrs      *ebpf.MapSpec `ebpf:"xvs_pod_cidrs"`
 	XvsRrCursors     *ebpf.MapSpec `ebpf:"xvs_rr_cursors"`
 	XvsSchedTables   *ebpf.MapSpec `ebpf:"xvs_sched_tables"`
+	XvsScratch       *ebpf.MapSpec `ebpf:"xvs_scratch"`
+	XvsServiceCidrs  *ebpf.MapSpec `ebpf:"xvs_service_cidrs"`
 	XvsServices      *ebpf.MapSpec `ebpf:"xvs_services"`
+	XvsSourceRanges  *ebpf.MapSpec `ebpf:"xvs_source_ranges"`
 	XvsSvcStats      *ebpf.MapSpec `ebpf:"xvs_svc_stats"`
 	XvsVerdicts      *ebpf.MapSpec `ebpf:"xvs_verdicts"`
 }
@@ -316,14 +370,17 @@ type XvsVariableSpecs struct {
 	UnusedAffinityKey    *ebpf.VariableSpec `ebpf:"_unused_affinity_key"`
 	UnusedAffinityValue  *ebpf.VariableSpec `ebpf:"_unused_affinity_value"`
 	UnusedBackendFlags   *ebpf.VariableSpec `ebpf:"_unused_backend_flags"`
+	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.VariableSpec `ebpf:"_unused_ct_flags"`
 	UnusedKind           *ebpf.VariableSpec `ebpf:"_unused_kind"`
+	UnusedLpmKey         *ebpf.VariableSpec `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.VariableSpec `ebpf:"_unused_member_key"`
 	UnusedSched          *ebpf.VariableSpec `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.VariableSpec `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.VariableSpec `ebpf:"_unused_scope"`
 	UnusedSvcFlags       *ebpf.VariableSpec `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.VariableSpec `ebpf:"_unused_verdict"`
+	UnusedVipKey         *ebpf.VariableSpec `ebpf:"_unused_vip_key"`
 	CfgCtTcpClosingS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_closing_s"`
 	CfgCtTcpEstablishedS *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_established_s"`
 	CfgCtTcpSynS         *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_syn_s"`
@@ -357,12 +414,18 @@ type XvsMaps struct {
 	XvsBackendReaped *ebpf.Map `ebpf:"xvs_backend_reaped"`
 	XvsBackendStats  *ebpf.Map `ebpf:"xvs_backend_stats"`
 	XvsBackends      *ebpf.Map `ebpf:"xvs_backends"`
+	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
 	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
+	XvsNodeConfig    *ebpf.Map `ebpf:"xvs_node_config"`
+	XvsPodCidrs      *ebpf.Map `ebpf:"xvs_pod_cidrs"`
 	XvsRrCursors     *ebpf.Map `ebpf:"xvs_rr_cursors"`
 	XvsSchedTables   *ebpf.Map `ebpf:"xvs_sched_tables"`
+	XvsScratch       *ebpf.Map `ebpf:"xvs_scratch"`
+	XvsServiceCidrs  *ebpf.Map `ebpf:"xvs_service_cidrs"`
 	XvsServices      *ebpf.Map `ebpf:"xvs_services"`
+	XvsSourceRanges  *ebpf.Map `ebpf:"xvs_source_ranges"`
 	XvsSvcStats      *ebpf.Map `ebpf:"xvs_svc_stats"`
 	XvsVerdicts      *ebpf.Map `ebpf:"xvs_verdicts"`
 }
@@ -374,12 +437,18 @@ func (m *XvsMaps) Close() error {
 		m.XvsBackendReaped,
 		m.XvsBackendStats,
 		m.XvsBackends,
+		m.XvsClusterIps,
 		m.XvsConntrack,
 		m.XvsFragments,
 		m.XvsMembers,
+		m.XvsNodeConfig,
+		m.XvsPodCidrs,
 		m.XvsRrCursors,
 		m.XvsSchedTables,
+		m.XvsScratch,
+		m.XvsServiceCidrs,
 		m.XvsServices,
+		m.XvsSourceRanges,
 		m.XvsSvcStats,
 		m.XvsVerdicts,
 	)
@@ -392,14 +461,17 @@ type XvsVariables struct {
 	UnusedAffinityKey    *ebpf.Variable `ebpf:"_unused_affinity_key"`
 	UnusedAffinityValue  *ebpf.Variable `ebpf:"_unused_affinity_value"`
 	UnusedBackendFlags   *ebpf.Variable `ebpf:"_unused_backend_flags"`
+	UnusedConfigFlags    *ebpf.Variable `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.Variable `ebpf:"_unused_ct_flags"`
 	UnusedKind           *ebpf.Variable `ebpf:"_unused_kind"`
+	UnusedLpmKey         *ebpf.Variable `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.Variable `ebpf:"_unused_member_key"`
 	UnusedSched          *ebpf.Variable `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.Variable `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.Variable `ebpf:"_unused_scope"`
 	UnusedSvcFlags       *ebpf.Variable `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.Variable `ebpf:"_unused_verdict"`
+	UnusedVipKey         *ebpf.Variable `ebpf:"_unused_vip_key"`
 	CfgCtTcpClosingS     *ebpf.Variable `ebpf:"cfg_ct_tcp_closing_s"`
 	CfgCtTcpEstablishedS *ebpf.Variable `ebpf:"cfg_ct_tcp_established_s"`
 	CfgCtTcpSynS         *ebpf.Variable `ebpf:"cfg_ct_tcp_syn_s"`
@@ -414,12 +486,16 @@ type XvsVariables struct {
 type XvsPrograms struct {
 	XvsTcEmpty   *ebpf.Program `ebpf:"xvs_tc_empty"`
 	XvsTcIngress *ebpf.Program `ebpf:"xvs_tc_ingress"`
+	XvsXdp       *ebpf.Program `ebpf:"xvs_xdp"`
+	XvsXdpEmpty  *ebpf.Program `ebpf:"xvs_xdp_empty"`
 }
 
 func (p *XvsPrograms) Close() error {
 	return _XvsClose(
 		p.XvsTcEmpty,
 		p.XvsTcIngress,
+		p.XvsXdp,
+		p.XvsXdpEmpty,
 	)
 }
 

@@ -3,6 +3,7 @@ package maps
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -20,6 +21,9 @@ type Config struct {
 	// MaglevSize is the mh lookup table size (a prime); 0 means
 	// DefaultMaglevSize.
 	MaglevSize uint32
+	// SNATPortMin and SNATPortMax bound masquerade source ports; zero
+	// means DefaultSNATPortMin..DefaultSNATPortMax.
+	SNATPortMin, SNATPortMax uint16
 }
 
 // Datapath realises a model.State in the BPF maps (model.Datapath).
@@ -52,6 +56,10 @@ type Datapath struct {
 	// membership entries written per (frontend, scope).
 	tables  map[xbpf.SchedKey]tableState
 	members map[xbpf.SchedKey]map[uint32]bool
+
+	node                     nodeState
+	nodeAddrs                []netip.Addr
+	snatPortMin, snatPortMax uint16
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -70,9 +78,10 @@ type slotCounts struct {
 }
 
 type appliedService struct {
-	sp        *model.ServicePort
-	frontends []frontendKey
-	backends  []backendKey
+	sp         *model.ServicePort
+	frontends  []frontendKey
+	backends   []backendKey
+	clusterIPs []netip.Addr
 }
 
 // NewDatapath takes over the maps, recovering service, group and backend
@@ -95,6 +104,15 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 		maglevSize:  cfg.MaglevSize,
 		tables:      map[xbpf.SchedKey]tableState{},
 		members:     map[xbpf.SchedKey]map[uint32]bool{},
+		node:        newNodeState(),
+		snatPortMin: cfg.SNATPortMin,
+		snatPortMax: cfg.SNATPortMax,
+	}
+	if d.snatPortMin == 0 && d.snatPortMax == 0 {
+		d.snatPortMin, d.snatPortMax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	if d.snatPortMin == 0 || d.snatPortMax < d.snatPortMin {
+		return nil, fmt.Errorf("masquerade port range %d-%d is empty", d.snatPortMin, d.snatPortMax)
 	}
 	if d.maglevSize == 0 {
 		d.maglevSize = DefaultMaglevSize
@@ -166,6 +184,8 @@ type writeSet struct {
 	delTables  []xbpf.SchedKey
 	addMembers []xbpf.MemberKey
 	delMembers []xbpf.MemberKey
+	addRanges  []xbpf.LPMKey
+	delRanges  []xbpf.LPMKey
 }
 
 type tableWrite struct {
@@ -176,6 +196,11 @@ type tableWrite struct {
 // Sync makes the maps match st.
 func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.nodeAddrs = st.Node.Addresses
+	if err := d.syncNode(st); err != nil {
+		d.fullSync = true
 		return err
 	}
 	var changed []model.ServicePortName
@@ -213,6 +238,9 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		if err := d.sweepSchedState(ws); err != nil {
 			return err
 		}
+		if err := d.sweepNodeState(ws); err != nil {
+			return err
+		}
 		// Give recovered backends a (zero) reference count, so that the
 		// sweep below deletes those nobody uses.
 		for bk := range d.backends {
@@ -240,6 +268,10 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		d.fullSync = true
 		return err
 	}
+	if err := d.syncClusterIPs(); err != nil {
+		d.fullSync = true
+		return err
+	}
 	d.fullSync = false
 	clear(d.recovered)
 	return nil
@@ -256,6 +288,9 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 	}
 	for _, bk := range a.backends {
 		d.backendRefs[bk]--
+	}
+	for _, ip := range a.clusterIPs {
+		d.node.clusterIPs[ip]--
 	}
 	delete(d.applied, name)
 }
@@ -295,6 +330,10 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		d.owners[fk] = name
 		delete(released, fk)
 		a.frontends = append(a.frontends, fk)
+		if f.Kind == model.ClusterIP {
+			a.clusterIPs = append(a.clusterIPs, fk.addr)
+			d.node.clusterIPs[fk.addr]++
+		}
 
 		head := xbpf.SvcValue{
 			SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind),
@@ -306,9 +345,12 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY)
 			head.AffinityTimeout = sp.Affinity.TimeoutSeconds
 		}
-		if f.Kind == model.LoadBalancer && len(sp.SourceRanges) > 0 {
+		var ranges map[xbpf.LPMKey]bool
+		if f.Kind == model.LoadBalancer && len(sp.SourceRangesFor(f.Addr)) > 0 {
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES)
+			ranges = sourceRangeKeys(svcID, sp, f, d.nodeAddrs)
 		}
+		d.planRanges(svcID, ranges, ws)
 		if (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal) {
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
 		}
@@ -552,6 +594,7 @@ func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
 		for scope := range uint8(2) {
 			d.dropSchedState(xbpf.SchedKey{SvcId: id, Scope: scope}, ws)
 		}
+		d.planRanges(id, nil, ws)
 	}
 	d.svcIDs.release(fk)
 }
@@ -581,6 +624,10 @@ func (d *Datapath) commit(ws *writeSet) error {
 			return err
 		}
 	}
+	one := make([]uint32, len(ws.addRanges))
+	if err := updateMany(d.m.SourceRanges, ws.addRanges, one); err != nil {
+		return err
+	}
 	if err := updateMany(d.m.Services, ws.headKeys, ws.headVals); err != nil {
 		return err
 	}
@@ -591,6 +638,9 @@ func (d *Datapath) commit(ws *writeSet) error {
 		return err
 	}
 	if err := deleteMany(d.m.SchedTables, ws.delTables); err != nil {
+		return err
+	}
+	if err := deleteMany(d.m.SourceRanges, ws.delRanges); err != nil {
 		return err
 	}
 	return deleteMany(d.m.Backends, ws.delBackends)

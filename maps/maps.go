@@ -34,7 +34,14 @@ type Maps struct {
 	BackendReaped *ebpf.Map
 	Affinity      *ebpf.Map
 	Members       *ebpf.Map
-	owned         bool
+	// North-south: node settings, local-traffic detector, service
+	// CIDRs, source ranges, the set of ClusterIPs.
+	NodeConfig   *ebpf.Map
+	PodCIDRs     *ebpf.Map
+	ServiceCIDRs *ebpf.Map
+	SourceRanges *ebpf.Map
+	ClusterIPs   *ebpf.Map
+	owned        bool
 }
 
 // FromObjects uses the maps of loaded objects (the agent's case).
@@ -53,6 +60,12 @@ func FromObjects(o *loader.Objects) *Maps {
 		BackendReaped: o.XvsBackendReaped,
 		Affinity:      o.XvsAffinity,
 		Members:       o.XvsMembers,
+
+		NodeConfig:   o.XvsNodeConfig,
+		PodCIDRs:     o.XvsPodCidrs,
+		ServiceCIDRs: o.XvsServiceCidrs,
+		SourceRanges: o.XvsSourceRanges,
+		ClusterIPs:   o.XvsClusterIps,
 	}
 }
 

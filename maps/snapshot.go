@@ -64,6 +64,11 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_DROP_INVALID:        "drop_invalid",
 	xbpf.XvsXvsVerdictXVS_V_DROP_REWRITE:        "drop_rewrite_failed",
 	xbpf.XvsXvsVerdictXVS_V_DROP_REJECT_FAILED:  "drop_reject_failed",
+	xbpf.XvsXvsVerdictXVS_V_DROP_SOURCE_RANGE:   "drop_source_range",
+	xbpf.XvsXvsVerdictXVS_V_REJECT_WRONG_PORT:   "reject_wrong_port",
+	xbpf.XvsXvsVerdictXVS_V_DROP_UNALLOCATED:    "drop_unallocated_service_ip",
+	xbpf.XvsXvsVerdictXVS_V_DROP_SNAT_EXHAUSTED: "drop_snat_ports_exhausted",
+	xbpf.XvsXvsVerdictXVS_V_FWD_XDP:             "forward_after_xdp",
 }
 
 // VerdictName is the metric/listing name of a verdict.

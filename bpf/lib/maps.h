@@ -111,6 +111,62 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_members SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_node_config SEC(".maps");
+
+/* Scratch space for building conntrack entries (see flow_new). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_ct_entry);
+	__uint(max_entries, 1);
+} xvs_scratch SEC(".maps");
+
+/* clusterCIDR: the local-traffic detector (id = family). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct xvs_lpm_key);
+	__type(value, __u32);
+	__uint(max_entries, 64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_pod_cidrs SEC(".maps");
+
+/* Service CIDRs: unallocated addresses in them are dropped (id = family). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct xvs_lpm_key);
+	__type(value, __u32);
+	__uint(max_entries, 64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_service_cidrs SEC(".maps");
+
+/* loadBalancerSourceRanges per LB frontend (id = service ID). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct xvs_lpm_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_source_ranges SEC(".maps");
+
+/* Every ClusterIP, with its number of Service ports. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct xvs_vip_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_cluster_ips SEC(".maps");
+
 /* Indexed by service (frontend) ID. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

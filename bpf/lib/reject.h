@@ -147,7 +147,7 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 
 /* Build and send the reject reply. Returns a TC action, or -1 when no reply
  * could be built (the caller drops the packet). */
-static __always_inline int reject_v4(struct __sk_buff *skb, const struct xvs_pkt *p)
+static __attribute__((noinline)) int reject_v4(struct __sk_buff *skb, const struct xvs_pkt *p)
 {
 	if (!p->has_l4)
 		return -1;

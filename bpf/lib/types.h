@@ -166,6 +166,44 @@ struct xvs_ct_entry {
 	__u32 bytes;
 };
 
+enum xvs_config_flags {
+	/* masqueradeAll: every Service connection is masqueraded. */
+	XVS_CFG_MASQ_ALL = 1 << 0,
+	/* A local-traffic detector is configured (clusterCIDR): sources in
+	 * xvs_pod_cidrs are pods, any other source is off-cluster. */
+	XVS_CFG_DETECT_LOCAL = 1 << 1,
+};
+
+/* Node-wide settings the agent writes to xvs_node_config[0]. */
+struct xvs_config {
+	/* The address masqueraded connections leave from (the node's
+	 * primary address per family). */
+	__u8 snat_addr4[16];
+	__u8 snat_addr6[16];
+	/* enum xvs_config_flags. */
+	__u32 flags;
+	/* Masquerade source ports, inclusive; kept outside the kernel's
+	 * ephemeral range so that they never collide with local sockets. */
+	__u16 snat_port_min;
+	__u16 snat_port_max;
+};
+
+/* LPM key: an ID (family for node-wide CIDR sets, the service ID for
+ * source ranges) and an address; prefixlen counts the 32 ID bits too. */
+struct xvs_lpm_key {
+	__u32 prefixlen;
+	__u32 id;
+	__u8 addr[16];
+};
+
+/* A ClusterIP (any port): traffic to it on a port that is not a Service
+ * port is rejected. */
+struct xvs_vip_key {
+	__u8 addr[16];
+	__u8 family;
+	__u8 pad[3];
+};
+
 /* Key of a scheduler table: one per (frontend, scope). */
 struct xvs_sched_key {
 	__u32 svc_id;
@@ -236,6 +274,11 @@ enum xvs_verdict {
 	XVS_V_DROP_INVALID,	   /* TCP RST/out-of-state without conntrack */
 	XVS_V_DROP_REWRITE,	   /* a packet rewrite helper failed */
 	XVS_V_DROP_REJECT_FAILED,  /* could not build the reject reply */
+	XVS_V_DROP_SOURCE_RANGE,   /* LB IP: source outside loadBalancerSourceRanges */
+	XVS_V_REJECT_WRONG_PORT,   /* a live ClusterIP, but no such port/protocol */
+	XVS_V_DROP_UNALLOCATED,	   /* an unallocated address in a service CIDR */
+	XVS_V_DROP_SNAT_EXHAUSTED, /* no free masquerade port for the backend */
+	XVS_V_FWD_XDP,		   /* NATed by the XDP program; forwarded by tc */
 	XVS_V_MAX,
 };
 

@@ -1,0 +1,240 @@
+package bpf_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/gopacket/layers"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
+)
+
+var (
+	nodeIP  = netip.MustParseAddr("192.168.50.2")
+	podNet  = netip.MustParsePrefix("10.244.0.0/16")
+	svcNet  = netip.MustParsePrefix("172.30.0.0/16")
+	lbIP    = netip.MustParseAddr("203.0.113.10")
+	extIP   = netip.MustParseAddr("198.51.100.20")
+	podCli  = netip.MustParseAddr("10.244.3.3")
+	allowed = netip.MustParsePrefix("192.0.2.0/28")
+)
+
+// nsEnv programs a State with node settings, the way the agent does.
+func (e *env) syncState(t *testing.T, masqAll bool, sps ...*model.ServicePort) {
+	t.Helper()
+	st := &model.State{
+		Services:      map[model.ServicePortName]*model.ServicePort{},
+		Node:          model.Node{Name: "node", Addresses: []netip.Addr{nodeIP}},
+		PodCIDRs:      []netip.Prefix{podNet},
+		ServiceCIDRs:  []netip.Prefix{svcNet},
+		MasqueradeAll: masqAll,
+	}
+	for _, sp := range sps {
+		st.Services[sp.Name] = sp
+	}
+	if err := e.dp.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// webService has a ClusterIP, a NodePort on the node, an ExternalIP and an
+// LB IP, all on port 80 (NodePort 30080), with one local and one remote
+// backend.
+func webService(local, remote netip.AddrPort) *model.ServicePort {
+	sp := clusterIPService("web", vip, 80, model.TCP)
+	sp.Frontends = append(sp.Frontends,
+		model.Frontend{Kind: model.NodePort, Addr: nodeIP, Port: 30080, Proto: model.TCP},
+		model.Frontend{Kind: model.ExternalIP, Addr: extIP, Port: 80, Proto: model.TCP},
+		model.Frontend{Kind: model.LoadBalancer, Addr: lbIP, Port: 80, Proto: model.TCP},
+	)
+	sp.ClusterEndpoints = []model.Endpoint{
+		{Addr: local.Addr(), Port: local.Port(), Local: true, Ready: true, Serving: true, Weight: 1},
+		{Addr: remote.Addr(), Port: remote.Port(), Ready: true, Serving: true, Weight: 1},
+	}
+	sp.LocalEndpoints = sp.ClusterEndpoints[:1]
+	sp.HasEndpoints = true
+	return sp
+}
+
+func synTo(t *testing.T, e *env, src netip.Addr, dst netip.AddrPort) (uint32, decoded) {
+	t.Helper()
+	ret, out := e.run(t, packet(t, src, dst.Addr(), l4{proto: model.TCP, sport: 40000, dport: dst.Port(), syn: true}))
+	if ret != tcActOK && ret != tcActRedirect {
+		return ret, decoded{}
+	}
+	return ret, decode(t, out)
+}
+
+// TestPrivPacketMasquerade: where kube-proxy masquerades (SEMANTICS 3.13),
+// the packet leaves from the node's address and a port of the masquerade
+// range, and the reply goes back to the client from the frontend.
+func TestPrivPacketMasquerade(t *testing.T) {
+	local := netip.MustParseAddrPort("10.244.0.11:8080")
+	remote := netip.MustParseAddrPort("10.244.1.12:8080")
+	e := newEnv(t, loader.DefaultConfig())
+	sp := webService(local, remote)
+	e.syncState(t, false, sp)
+
+	cases := []struct {
+		name string
+		src  netip.Addr
+		dst  netip.AddrPort
+		snat bool
+	}{
+		{"external to NodePort (eTP=Cluster)", client, netip.AddrPortFrom(nodeIP, 30080), true},
+		{"external to ExternalIP", client, netip.AddrPortFrom(extIP, 80), true},
+		{"pod to NodePort (eTP=Cluster)", podCli, netip.AddrPortFrom(nodeIP, 30080), true},
+		{"off-cluster source to ClusterIP", client, netip.AddrPortFrom(vip, 80), true},
+		{"pod to ClusterIP keeps its address", podCli, netip.AddrPortFrom(vip, 80), false},
+	}
+	for i, c := range cases {
+		src := c.src
+		sport := uint16(41000 + i)
+		ret, out := e.run(t, packet(t, src, c.dst.Addr(), l4{proto: model.TCP, sport: sport, dport: c.dst.Port(), syn: true}))
+		if ret != tcActOK && ret != tcActRedirect {
+			t.Fatalf("%s: ret %d", c.name, ret)
+		}
+		d := decode(t, out)
+		if !d.checksumsOK {
+			t.Fatalf("%s: %s", c.name, d.checksumNote)
+		}
+		if d.dst != local && d.dst != remote {
+			t.Fatalf("%s: DNAT to %s", c.name, d.dst)
+		}
+		if got := d.src.Addr() == nodeIP; got != c.snat {
+			t.Fatalf("%s: source %s, masquerade %v, want %v", c.name, d.src, got, c.snat)
+		}
+		if c.snat && d.src.Port() < 61000 {
+			t.Fatalf("%s: masquerade port %d outside 61000-65535", c.name, d.src.Port())
+		}
+		// The reply, as the backend sends it, comes back to the client
+		// from the frontend.
+		ret, back := e.run(t, packet(t, d.dst.Addr(), d.src.Addr(), l4{proto: model.TCP, sport: d.dst.Port(), dport: d.src.Port(), syn: true, ack: true}))
+		if ret != tcActOK && ret != tcActRedirect {
+			t.Fatalf("%s: reply ret %d", c.name, ret)
+		}
+		r := decode(t, back)
+		if r.src != c.dst || r.dst != netip.AddrPortFrom(src, sport) || !r.checksumsOK {
+			t.Fatalf("%s: reply %s -> %s (checksums ok %v), want %s -> %s:%d", c.name, r.src, r.dst, r.checksumsOK, c.dst, src, sport)
+		}
+	}
+
+	// Hairpin: a pod reaching itself through the ClusterIP is masqueraded.
+	solo := clusterIPService("solo", netip.MustParseAddr("172.30.0.20"), 80, model.TCP, netip.AddrPortFrom(podCli, 8080))
+	e.syncState(t, false, sp, solo)
+	_, d := synTo(t, e, podCli, netip.MustParseAddrPort("172.30.0.20:80"))
+	if d.dst.Addr() != podCli || d.src.Addr() != nodeIP {
+		t.Fatalf("hairpin: %s -> %s, want the node as source", d.src, d.dst)
+	}
+
+	// masqueradeAll: even pod to ClusterIP.
+	e.syncState(t, true, sp)
+	_, d = synTo(t, e, netip.MustParseAddr("10.244.3.4"), netip.AddrPortFrom(vip, 80))
+	if d.src.Addr() != nodeIP {
+		t.Fatalf("masqueradeAll: source %s", d.src)
+	}
+}
+
+// TestPrivPacketLocalPolicy: eTP=Local sends external clients to local
+// endpoints with their own address, short-circuits pods to every endpoint,
+// and drops when no local endpoint exists but others do.
+func TestPrivPacketLocalPolicy(t *testing.T) {
+	local := netip.MustParseAddrPort("10.244.0.11:8080")
+	remote := netip.MustParseAddrPort("10.244.1.12:8080")
+	e := newEnv(t, loader.DefaultConfig())
+	sp := webService(local, remote)
+	sp.ExternalLocal = true
+	e.syncState(t, false, sp)
+	np := netip.AddrPortFrom(nodeIP, 30080)
+	for i := range 20 {
+		ret, out := e.run(t, packet(t, client, nodeIP, l4{proto: model.TCP, sport: uint16(42000 + i), dport: 30080, syn: true}))
+		d := decode(t, out)
+		if (ret != tcActOK && ret != tcActRedirect) || d.dst != local || d.src.Addr() != client {
+			t.Fatalf("eTP=Local external: ret %d, %s -> %s", ret, d.src, d.dst)
+		}
+	}
+	seen := map[netip.AddrPort]bool{}
+	for i := range 40 {
+		_, out := e.run(t, packet(t, podCli, nodeIP, l4{proto: model.TCP, sport: uint16(43000 + i), dport: 30080, syn: true}))
+		d := decode(t, out)
+		if d.src.Addr() != podCli {
+			t.Fatalf("short-circuited pod was masqueraded: %s", d.src)
+		}
+		seen[d.dst] = true
+	}
+	if !seen[remote] || !seen[local] {
+		t.Fatalf("pod traffic to an eTP=Local NodePort reached %v, want every endpoint", seen)
+	}
+
+	sp2 := webService(local, remote)
+	sp2.ExternalLocal = true
+	sp2.LocalEndpoints = nil
+	e.syncState(t, false, sp2)
+	if ret, _ := synTo(t, e, client, np); ret != tcActShot {
+		t.Fatalf("eTP=Local without local endpoints: ret %d, want drop", ret)
+	}
+	checkVerdict(t, e, xbpf.XvsXvsVerdictXVS_V_DROP_NO_LOCAL)
+}
+
+func checkVerdict(t *testing.T, e *env, v xbpf.Verdict) {
+	t.Helper()
+	snap, err := e.m.Read(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Verdicts[mapsVerdictName(v)].PacketsIn == 0 {
+		t.Fatalf("verdict %v never counted: %v", v, snap.Verdicts)
+	}
+}
+
+// TestPrivPacketFiltering: source ranges on LB IPs, wrong port on a
+// ClusterIP, unallocated service addresses, conntrack-invalid segments.
+func TestPrivPacketFiltering(t *testing.T) {
+	local := netip.MustParseAddrPort("10.244.0.11:8080")
+	remote := netip.MustParseAddrPort("10.244.1.12:8080")
+	e := newEnv(t, loader.DefaultConfig())
+	sp := webService(local, remote)
+	sp.SourceRanges = []netip.Prefix{allowed}
+	e.syncState(t, false, sp)
+
+	lb := netip.AddrPortFrom(lbIP, 80)
+	if ret, d := synTo(t, e, netip.MustParseAddr("192.0.2.5"), lb); ret == tcActShot || d.dst.Port() != 8080 {
+		t.Fatalf("allowed source to LB IP: ret %d", ret)
+	}
+	if ret, _ := synTo(t, e, netip.MustParseAddr("192.0.2.200"), lb); ret != tcActShot {
+		t.Fatalf("source outside the ranges: ret %d, want drop", ret)
+	}
+	checkVerdict(t, e, xbpf.XvsXvsVerdictXVS_V_DROP_SOURCE_RANGE)
+	// Source ranges filter only the LB IP: NodePort from outside works.
+	if ret, _ := synTo(t, e, netip.MustParseAddr("192.0.2.200"), netip.AddrPortFrom(nodeIP, 30080)); ret == tcActShot {
+		t.Fatal("source ranges applied to the NodePort")
+	}
+
+	// Wrong port on a live ClusterIP: TCP RST; UDP: ICMP port unreachable.
+	ret, out := e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 1234, dport: 81, syn: true}))
+	if ret != tcActRedirect || decode(t, out).tcp == nil || !decode(t, out).tcp.RST {
+		t.Fatalf("wrong TCP port on a ClusterIP: ret %d, want a RST", ret)
+	}
+	ret, out = e.run(t, packet(t, client, vip, l4{proto: model.UDP, sport: 1234, dport: 80}))
+	if d := decode(t, out); ret != tcActRedirect || d.icmp == nil || d.icmp.TypeCode != layers.CreateICMPv4TypeCode(3, 3) {
+		t.Fatalf("wrong protocol on a ClusterIP: ret %d, want ICMP port unreachable", ret)
+	}
+	checkVerdict(t, e, xbpf.XvsXvsVerdictXVS_V_REJECT_WRONG_PORT)
+
+	// An unallocated address in the service CIDR is dropped; outside it,
+	// not ours.
+	if ret, _ := e.run(t, packet(t, client, netip.MustParseAddr("172.30.9.9"), l4{proto: model.TCP, sport: 1, dport: 80, syn: true})); ret != tcActShot {
+		t.Fatalf("unallocated service IP: ret %d, want drop", ret)
+	}
+	checkVerdict(t, e, xbpf.XvsXvsVerdictXVS_V_DROP_UNALLOCATED)
+
+	// A mid-stream segment of no known flow is conntrack-INVALID.
+	if ret, _ := e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 5555, dport: 80, ack: true})); ret != tcActShot {
+		t.Fatalf("ACK without a flow: ret %d, want drop", ret)
+	}
+}
+
+func mapsVerdictName(v xbpf.Verdict) string { return maps.VerdictName(v) }

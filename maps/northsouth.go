@@ -1,0 +1,254 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Default masquerade source ports: above Linux's default ephemeral range
+// (32768-60999), so a masqueraded flow never takes a port a local socket
+// could be using towards the same backend.
+const (
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+)
+
+// nodeState is what the maps hold beyond the Services: node settings and
+// the CIDR sets, as last written.
+type nodeState struct {
+	config       xbpf.NodeConf
+	written      bool
+	podCIDRs     map[xbpf.LPMKey]bool
+	serviceCIDRs map[xbpf.LPMKey]bool
+	// ranges holds each LB frontend's source-range keys, by service ID.
+	ranges map[uint32]map[xbpf.LPMKey]bool
+	// clusterIPs counts the ServicePorts of each ClusterIP.
+	clusterIPs map[netip.Addr]int
+	writtenIPs map[netip.Addr]bool
+}
+
+func newNodeState() nodeState {
+	return nodeState{
+		podCIDRs: map[xbpf.LPMKey]bool{}, serviceCIDRs: map[xbpf.LPMKey]bool{},
+		ranges: map[uint32]map[xbpf.LPMKey]bool{}, clusterIPs: map[netip.Addr]int{}, writtenIPs: map[netip.Addr]bool{},
+	}
+}
+
+// lpmKey is an LPM key for prefix p under id; prefixlen counts the ID.
+func lpmKey(id uint32, p netip.Prefix) xbpf.LPMKey {
+	addr, _ := encodeAddr(p.Addr())
+	return xbpf.LPMKey{Prefixlen: uint32(32 + p.Bits()), Id: id, Addr: addr}
+}
+
+func familyID(a netip.Addr) uint32 {
+	if a.Unmap().Is4() {
+		return xbpf.FamilyIPv4
+	}
+	return xbpf.FamilyIPv6
+}
+
+func cidrKeys(ps []netip.Prefix) map[xbpf.LPMKey]bool {
+	out := map[xbpf.LPMKey]bool{}
+	for _, p := range ps {
+		p = p.Masked()
+		out[lpmKey(familyID(p.Addr()), p)] = true
+	}
+	return out
+}
+
+// syncNode writes the node settings and the CIDR sets when they changed.
+func (d *Datapath) syncNode(st *model.State) error {
+	want := xbpf.NodeConf{SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax}
+	for _, a := range st.Node.Addresses {
+		a = a.Unmap()
+		if a.Is4() && want.SnatAddr4 == [16]byte{} {
+			want.SnatAddr4, _ = encodeAddr(a)
+		}
+		if a.Is6() && want.SnatAddr6 == [16]byte{} {
+			want.SnatAddr6, _ = encodeAddr(a)
+		}
+	}
+	if st.MasqueradeAll {
+		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_MASQ_ALL)
+	}
+	if len(st.PodCIDRs) > 0 {
+		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL)
+	}
+	if d.fullSync {
+		// After a restart, what the tries hold is what counts.
+		var err error
+		if d.node.podCIDRs, err = readKeys(d.m.PodCIDRs); err != nil {
+			return err
+		}
+		if d.node.serviceCIDRs, err = readKeys(d.m.ServiceCIDRs); err != nil {
+			return err
+		}
+	}
+	// The CIDR sets first: the detector flag must not point at an
+	// empty trie.
+	if err := syncKeySet(d.m.PodCIDRs, d.node.podCIDRs, cidrKeys(st.PodCIDRs)); err != nil {
+		return err
+	}
+	d.node.podCIDRs = cidrKeys(st.PodCIDRs)
+	if err := syncKeySet(d.m.ServiceCIDRs, d.node.serviceCIDRs, cidrKeys(st.ServiceCIDRs)); err != nil {
+		return err
+	}
+	d.node.serviceCIDRs = cidrKeys(st.ServiceCIDRs)
+	if d.node.written && d.node.config == want && !d.fullSync {
+		return nil
+	}
+	zero := uint32(0)
+	if err := d.m.NodeConfig.Update(&zero, &want, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write node config: %w", err)
+	}
+	d.node.config, d.node.written = want, true
+	return nil
+}
+
+// syncKeySet makes an LPM map hold exactly want, given what it held.
+func syncKeySet(m *ebpf.Map, have, want map[xbpf.LPMKey]bool) error {
+	one := uint32(1)
+	for k := range want {
+		if !have[k] {
+			if err := m.Update(&k, &one, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("write %s: %w", m, err)
+			}
+		}
+	}
+	for k := range have {
+		if !want[k] {
+			if err := m.Delete(&k); err != nil && !isNotExist(err) {
+				return fmt.Errorf("delete from %s: %w", m, err)
+			}
+		}
+	}
+	return nil
+}
+
+func readKeys(m *ebpf.Map) (map[xbpf.LPMKey]bool, error) {
+	out := map[xbpf.LPMKey]bool{}
+	var k xbpf.LPMKey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", m, err)
+	}
+	return out, nil
+}
+
+func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
+
+// sourceRangeKeys are the keys of an LB frontend's loadBalancerSourceRanges:
+// the ranges of its family and, when one of them holds a node address, the
+// Service's own LB IPs (the node reaching its LB IP may pick that IP as
+// source, SEMANTICS 3.6).
+func sourceRangeKeys(svcID uint32, sp *model.ServicePort, f model.Frontend, node []netip.Addr) map[xbpf.LPMKey]bool {
+	ranges := sp.SourceRangesFor(f.Addr)
+	out := map[xbpf.LPMKey]bool{}
+	holdsNode := false
+	for _, p := range ranges {
+		out[lpmKey(svcID, p.Masked())] = true
+		for _, a := range node {
+			holdsNode = holdsNode || p.Contains(a)
+		}
+	}
+	if holdsNode {
+		for _, lb := range sp.Frontends {
+			if lb.Kind == model.LoadBalancer && lb.Addr.Is4() == f.Addr.Is4() {
+				out[lpmKey(svcID, netip.PrefixFrom(lb.Addr, lb.Addr.BitLen()))] = true
+			}
+		}
+	}
+	return out
+}
+
+// planRanges records the wanted source ranges of one frontend.
+func (d *Datapath) planRanges(svcID uint32, want map[xbpf.LPMKey]bool, ws *writeSet) {
+	have := d.node.ranges[svcID]
+	for k := range want {
+		if !have[k] {
+			ws.addRanges = append(ws.addRanges, k)
+		}
+	}
+	for k := range have {
+		if !want[k] {
+			ws.delRanges = append(ws.delRanges, k)
+		}
+	}
+	if len(want) == 0 {
+		delete(d.node.ranges, svcID)
+	} else {
+		d.node.ranges[svcID] = want
+	}
+}
+
+// syncClusterIPs writes the set of ClusterIPs (wrong-port REJECT).
+func (d *Datapath) syncClusterIPs() error {
+	one := uint32(1)
+	var add, del []xbpf.VIPKey
+	var addVals []uint32
+	for a, n := range d.node.clusterIPs {
+		if n > 0 && !d.node.writtenIPs[a] {
+			add = append(add, vipKey(a))
+			addVals = append(addVals, one)
+			d.node.writtenIPs[a] = true
+		}
+	}
+	for a := range d.node.writtenIPs {
+		if d.node.clusterIPs[a] <= 0 {
+			del = append(del, vipKey(a))
+			delete(d.node.writtenIPs, a)
+			delete(d.node.clusterIPs, a)
+		}
+	}
+	if err := updateMany(d.m.ClusterIPs, add, addVals); err != nil {
+		return err
+	}
+	return deleteMany(d.m.ClusterIPs, del)
+}
+
+func vipKey(a netip.Addr) xbpf.VIPKey {
+	addr, fam := encodeAddr(a)
+	return xbpf.VIPKey{Addr: addr, Family: fam}
+}
+
+// sweepNodeState removes ClusterIPs and source ranges no frontend wants
+// (left by a previous agent).
+func (d *Datapath) sweepNodeState(ws *writeSet) error {
+	var vk xbpf.VIPKey
+	var v uint32
+	it := d.m.ClusterIPs.Iterate()
+	var stale []xbpf.VIPKey
+	for it.Next(&vk, &v) {
+		a := decodeAddr(vk.Addr, vk.Family)
+		if d.node.clusterIPs[a] <= 0 {
+			stale = append(stale, vk)
+		} else {
+			d.node.writtenIPs[a] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read cluster IPs: %w", err)
+	}
+	if err := deleteMany(d.m.ClusterIPs, stale); err != nil {
+		return err
+	}
+	var lk xbpf.LPMKey
+	rit := d.m.SourceRanges.Iterate()
+	for rit.Next(&lk, &v) {
+		if !d.node.ranges[lk.Id][lk] && !slices.Contains(ws.delRanges, lk) {
+			ws.delRanges = append(ws.delRanges, lk)
+		}
+	}
+	return rit.Err()
+}
