@@ -75,6 +75,10 @@ type Options struct {
 	Command string
 	// Log receives progress lines; nil is silent.
 	Log io.Writer
+	// Traffic shapes the real-traffic comparison (no sizes: skipped).
+	Traffic TrafficOptions
+	// Control shapes the control-plane figures (no sizes: skipped).
+	Control ControlOptions
 }
 
 func (o Options) validate() error {
@@ -91,7 +95,7 @@ func (o Options) validate() error {
 			return fmt.Errorf("size %d is outside 1..%d", n, maxServices)
 		}
 	}
-	return nil
+	return errors.Join(o.Traffic.validate(), o.Control.validate())
 }
 
 // benchCase is what the timed packets exercise, and where they go.
@@ -167,14 +171,36 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("schedulers: %w", err)
 	}
+	traffic, err := measureTraffic(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("traffic: %w", err)
+	}
+	control, err := measureControl(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(opts.Out), 0o755); err != nil {
 		return err
 	}
-	png := strings.TrimSuffix(opts.Out, filepath.Ext(opts.Out)) + ".png"
+	base := strings.TrimSuffix(opts.Out, filepath.Ext(opts.Out))
+	png := base + ".png"
 	if err := writePlot(png, results); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	return os.WriteFile(opts.Out, report(opts, cfg, results, sched, filepath.Base(png)), 0o644)
+	plots, err := writeTrafficPlots(base, traffic)
+	if err != nil {
+		return fmt.Errorf("traffic plots: %w", err)
+	}
+	if p, err := writeControlPlot(base, control); err != nil {
+		return fmt.Errorf("control-plane plot: %w", err)
+	} else if p != "" {
+		plots["control"] = p
+	}
+	r := report(opts, cfg, results, sched, filepath.Base(png))
+	r = append(r, trafficReport(opts, traffic, plots)...)
+	r = append(r, controlReport(opts, control, plots)...)
+	r = append(r, reproduce()...)
+	return os.WriteFile(opts.Out, r, 0o644)
 }
 
 // benchConfig sizes the maps for the largest size of the run (and at least
@@ -581,8 +607,8 @@ func report(opts Options, cfg loader.Config, rs []sizeResult, sched schedBench, 
 	}
 	writeGoal(&b, rs)
 	writeSchedulers(&b, sched)
+	writeXDP(&b)
 	writeSync(&b, rs)
-	writeReproduce(&b)
 	return b.Bytes()
 }
 
@@ -645,13 +671,13 @@ func writeCaseTable(b *bytes.Buffer, c benchCase, rs []sizeResult) {
 	for _, r := range rs {
 		cr := r.Cases[c]
 		fmt.Fprintf(b, "| %d | %.0f | %.1f | %.0f | %.1f | %.0f | %.2fx | %.2fx |\n", r.N, cr.Xvs.Median, cr.Xvs.Mean,
-			cr.Empty.Median, cr.Empty.Mean, net(cr), ratio(cr.Xvs.Median, base.Xvs.Median), ratio(net(cr), net(base)))
+			cr.Empty.Median, cr.Empty.Mean, aboveFloor(cr), ratio(cr.Xvs.Median, base.Xvs.Median), ratio(aboveFloor(cr), aboveFloor(base)))
 	}
 	fmt.Fprintln(b)
 }
 
-// net is the median cost of xvs itself, above the harness's floor.
-func net(cr caseResult) float64 { return cr.Xvs.Median - cr.Empty.Median }
+// aboveFloor is the median cost of xvs itself, above the harness's floor.
+func aboveFloor(cr caseResult) float64 { return cr.Xvs.Median - cr.Empty.Median }
 
 func ratio(a, b float64) float64 {
 	if b <= 0 {
@@ -675,7 +701,7 @@ func writeGoal(b *bytes.Buffer, rs []sizeResult) {
 	for c := range numCases {
 		l, h := lo.Cases[c], hi.Cases[c]
 		r := ratio(h.Xvs.Median, l.Xvs.Median)
-		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2fx | %s | %.2fx |\n", c, l.Xvs.Median, h.Xvs.Median, r, yesNo(r <= goalRatio), ratio(net(h), net(l)))
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.2fx | %s | %.2fx |\n", c, l.Xvs.Median, h.Xvs.Median, r, yesNo(r <= goalRatio), ratio(aboveFloor(h), aboveFloor(l)))
 	}
 	fmt.Fprintf(b, "\nThe goal is judged on the whole per-packet median, as a packet pays it. The ratio above the floor (xvs median minus the empty program's median) is the stricter view of the program's own cost.\n\n")
 	spreadNew := ratio(hi.Cases[caseNew].Xvs.Median, lo.Cases[caseNew].Xvs.Median)
@@ -706,9 +732,3 @@ func writeSync(b *bytes.Buffer, rs []sizeResult) {
 	fmt.Fprintln(b)
 }
 
-func writeReproduce(b *bytes.Buffer) {
-	fmt.Fprintf(b, `## Reproduce
-
-As root: `+"`make bench`"+`, or `+"`go run ./hack/bench [-out docs/BENCHMARKS.md] [-sizes 1,1000,10000,100000] [-samples 20000]`"+`. Each size loads its own objects under `+"`/sys/fs/bpf/xvs-bench-<pid>-<N>`"+` and removes them afterwards. `+"`go test ./hack/bench/`"+` (TestPrivBenchTiny) runs the whole benchmark at a tiny size so it cannot rot; it asserts nothing about timings.
-`)
-}

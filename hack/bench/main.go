@@ -18,9 +18,17 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == controlChildArg {
+		if err := controlChild(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench control child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	opts, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -44,8 +52,24 @@ func parseFlags(args []string) (Options, error) {
 	out := fs.String("out", "docs/BENCHMARKS.md", "report to write (the PNG goes beside it)")
 	sizes := fs.String("sizes", "1,1000,10000,100000", "comma-separated numbers of Services (10 backends each)")
 	samples := fs.Int("samples", 20000, "timed packets per case and size (each one BPF_PROG_TEST_RUN with repeat 1)")
+	trafficSizes := fs.String("traffic-sizes", "1,1000,10000,100000", "numbers of Services for the real-traffic comparison (empty: skip it)")
+	rulesMax := fs.Int("rules-max", 10000, "largest number of Services iptables and nftables run at")
+	rounds := fs.Int("rounds", 3, "real-traffic rounds (every datapath once per size per round)")
+	workers := fs.Int("workers", 8, "load generator worker threads")
+	window := fs.Duration("window", 3*time.Second, "measured time of each real-traffic run (after a warm-up of a sixth of it)")
+	controlSizes := fs.String("control-sizes", "1000,10000,50000,100000", "numbers of Services for the control-plane figures (empty: skip them)")
+	changes := fs.Int("changes", 200, "EndpointSlice changes timed at the largest control size")
+	cpuprofile := fs.String("control-cpuprofile", "", "write a CPU profile of the largest control-plane child")
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err
+	}
+	ts, err := parseOptSizes(*trafficSizes)
+	if err != nil {
+		return Options{}, fmt.Errorf("-traffic-sizes: %w", err)
+	}
+	cs, err := parseOptSizes(*controlSizes)
+	if err != nil {
+		return Options{}, fmt.Errorf("-control-sizes: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return Options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -60,7 +84,17 @@ func parseFlags(args []string) (Options, error) {
 		Samples: *samples,
 		Command: strings.TrimSpace("go run ./hack/bench " + strings.Join(args, " ")),
 		Log:     os.Stderr,
+		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *window / 6, Window: *window},
+		Control: ControlOptions{Sizes: cs, Changes: *changes, Profile: *cpuprofile},
 	}, nil
+}
+
+// parseOptSizes is parseSizes where an empty list means "skip".
+func parseOptSizes(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	return parseSizes(s)
 }
 
 func parseSizes(s string) ([]int, error) {
