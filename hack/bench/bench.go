@@ -731,4 +731,3 @@ func writeSync(b *bytes.Buffer, rs []sizeResult) {
 	}
 	fmt.Fprintln(b)
 }
-

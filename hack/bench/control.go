@@ -20,11 +20,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"gonum.org/v1/plot/plotter"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"gonum.org/v1/plot/plotter"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/controller"

@@ -12,9 +12,9 @@ import (
 // rule sets see it: a VIP:port/TCP and its ready endpoints.
 type ruleService struct {
 	Namespace, Name, Port string // kube-proxy's ServicePortName parts
-	VIP                       netip.Addr
-	VIPPort                   uint16
-	Endpoints                 []netip.AddrPort
+	VIP                   netip.Addr
+	VIPPort               uint16
+	Endpoints             []netip.AddrPort
 }
 
 func (s ruleService) portName() string { return s.Namespace + "/" + s.Name + ":" + s.Port }
