@@ -112,6 +112,8 @@ func Load(cfg Config) (*Objects, error) {
 		xbpf.XvsMapXvsBackendHeld:   cfg.MaxBackends,
 		xbpf.XvsMapXvsBackendReaped: cfg.MaxBackends,
 		xbpf.XvsMapXvsMembers:       cfg.MaxServiceSlots,
+		xbpf.XvsMapXvsSourceRanges:  cfg.MaxServices,
+		xbpf.XvsMapXvsClusterIps:    cfg.MaxServices,
 	} {
 		spec.Maps[name].MaxEntries = size
 	}
