@@ -104,6 +104,14 @@ func (c *Config) selects(labels map[string]string) bool {
 	return ok && name == c.ServiceProxyName
 }
 
+// SelectNodePortAddresses returns the NodePort addresses among addrs (the
+// node's addresses, primary first), as the translation picks them; bad
+// NodePortAddresses entries are ignored (Validate reports them).
+func (c Config) SelectNodePortAddresses(addrs []netip.Addr) []netip.Addr {
+	sel, _ := c.nodePortSelector()
+	return sel.selectNodePortAddrs(addrs)
+}
+
 // nodePortSelector is the parsed form of NodePortAddresses.
 type nodePortSelector struct {
 	primary bool

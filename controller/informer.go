@@ -49,6 +49,9 @@ type Event struct {
 	// last-change-trigger-time annotation, zero when absent (Kind
 	// "EndpointSlice" only): the start of network programming latency.
 	TriggerTime time.Time
+	// AddressType is the EndpointSlice's address family (Kind
+	// "EndpointSlice" only), for per-family metrics.
+	AddressType discoveryv1.AddressType
 }
 
 // InformerSource feeds a Handler from the Kubernetes API through client-go
@@ -255,7 +258,7 @@ func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if es, ok := unwrap[*discoveryv1.EndpointSlice](obj); ok {
-				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceAdd(es), TriggerTime: triggerTime(es)})
+				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceAdd(es), TriggerTime: triggerTime(es), AddressType: es.AddressType})
 			} else {
 				s.unexpected("EndpointSlice", obj)
 			}
@@ -267,13 +270,14 @@ func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
 				s.unexpected("EndpointSlice", obj)
 				return
 			}
-			s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceUpdate(old, es), TriggerTime: triggerTime(es)})
+			s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceUpdate(old, es), TriggerTime: triggerTime(es),
+				AddressType: es.AddressType})
 		},
 		DeleteFunc: func(obj any) {
 			if es, ok := unwrap[*discoveryv1.EndpointSlice](obj); ok {
 				// No trigger time: the annotation describes the last
 				// update, not the deletion.
-				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceDelete(es)})
+				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnEndpointSliceDelete(es), AddressType: es.AddressType})
 			} else {
 				s.unexpected("EndpointSlice", obj)
 			}

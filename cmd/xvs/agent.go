@@ -9,193 +9,225 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
+
+	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/controller"
 	"github.com/xvs-lb/xvs/controller/runner"
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
+	xmetrics "github.com/xvs-lb/xvs/metrics"
 )
 
-// agentFlags are kube-proxy's flags where one exists, xvs's own otherwise.
+// agentFlags is what the datapath start-up (ipvsmode.go) reads: the
+// resolved configuration's datapath fields and the mode flags.
 type agentFlags struct {
-	objects          string
-	hostname         string
-	devices          string
 	pinPath          string
-	tcAttach         string
-	clusterCIDR      string
-	serviceCIDR      string
-	nodePortAddrs    string
-	nodeIPs          string
 	scheduler        string
-	minSyncPeriod    time.Duration
-	syncPeriod       time.Duration
-	masqueradeAll    bool
-	verbosity        int
 	disableRevNATDbg bool
-	mode             modeFlags // --proxy-mode, --fallback, ipvs mode (ipvsmode.go)
+	mode             modeFlags // --fallback and the ipvs mode's own flags (ipvsmode.go)
 }
 
-func (f *agentFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.objects, "objects", "", "directory of Service, EndpointSlice and Node manifests to serve (the file source)")
-	fs.StringVar(&f.hostname, "hostname-override", "", "the node's name (default: the host name)")
-	fs.StringVar(&f.devices, "devices", "", "comma-separated interface names or globs to attach to (default: every interface but lo, including ones created later)")
-	fs.StringVar(&f.pinPath, "pin-path", loader.DefaultPinPath, "bpffs directory for pinned maps, programs and links")
-	fs.StringVar(&f.tcAttach, "tc-attach", string(loader.AttachAuto), "tc attach mode: auto (TCX where available), tcx or legacy")
-	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "", "pod CIDRs (comma-separated), for local-traffic detection")
-	fs.StringVar(&f.serviceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated)")
-	fs.StringVar(&f.nodePortAddrs, "nodeport-addresses", "", "NodePort addresses: 'primary' or CIDRs (comma-separated)")
-	fs.StringVar(&f.nodeIPs, "node-ip", "", "the node's addresses, primary first (default: from the Node object)")
-	fs.StringVar(&f.scheduler, "ipvs-scheduler", "", "default scheduler (IPVS names; empty = random)")
-	fs.DurationVar(&f.minSyncPeriod, "min-sync-period", 100*time.Millisecond, "least time between two syncs of the datapath")
-	fs.DurationVar(&f.syncPeriod, "sync-period", 30*time.Second, "longest time between two full syncs")
-	fs.BoolVar(&f.masqueradeAll, "masquerade-all", false, "SNAT all Service traffic")
-	fs.IntVar(&f.verbosity, "v", 0, "log verbosity (0 info, 2+ debug)")
-	fs.BoolVar(&f.disableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT (never in production)")
-	f.mode.register(fs)
-}
+func splitList(s string) []string { return config.SplitList(s) }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func parsePrefixes(s string) ([]netip.Prefix, error) { return config.ParseCIDRs(s) }
 
-func parsePrefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, p := range splitList(s) {
-		pf, err := netip.ParsePrefix(p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pf.Masked())
-	}
-	return out, nil
-}
+// newLogger is a text logger at verbosity v (0 info, 2+ debug).
+func newLogger(v int) *slog.Logger { return newFormatLogger("text", v) }
 
-func newLogger(v int) *slog.Logger {
-	level := slog.LevelInfo
+func newFormatLogger(format string, v int) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
 	if v >= 2 {
-		level = slog.LevelDebug
+		opts.Level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// routeKlog sends client-go's klog output through log, at verbosity v, so
+// that the agent has one log stream in one format.
+func routeKlog(log *slog.Logger, v int) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", strconv.Itoa(v))
+	klog.SetSlogLogger(log)
+}
+
+// adoptFlags registers on fs the flags register defines, except those fs
+// already has: the ipvs mode's flag set (ipvsmode.go) also defines
+// --proxy-mode and --metrics-bind-address, which the agent takes from the
+// KubeProxyConfiguration flags instead.
+func adoptFlags(fs *flag.FlagSet, register func(*flag.FlagSet)) {
+	tmp := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	register(tmp)
+	tmp.VisitAll(func(fl *flag.Flag) {
+		if fs.Lookup(fl.Name) == nil {
+			fs.Var(fl.Value, fl.Name, fl.Usage)
+		}
+	})
 }
 
 func runAgent(args []string) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	var o config.Options
+	o.AddFlags(fs)
 	var f agentFlags
-	f.register(fs)
+	adoptFlags(fs, f.mode.register)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log := newLogger(f.verbosity)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := o.Complete(); err != nil {
+		return err
+	}
+	c := &o.Config
+	log := newFormatLogger(c.Logging.Format, int(c.Logging.Verbosity))
+	slog.SetDefault(log)
+	routeKlog(log, int(c.Logging.Verbosity))
+
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	f.pinPath, f.scheduler, f.disableRevNATDbg = o.PinPath, c.IPVS.Scheduler, o.DisableRevNATDbg
+	f.mode.proxyMode = string(c.Mode)
+	f.mode.metricsAddr = "" // served with the kube-proxy metrics (agent_http.go)
+	ipvsFromConfig(&f.mode, &o, set)
 	if err := f.mode.validate(); err != nil {
 		return err
 	}
-	if f.objects == "" {
-		return errors.New("--objects is required (the Kubernetes API source is not built yet)")
+	if o.Cleanup {
+		return cleanupAll(log, &f)
 	}
-	ccfg, err := f.controllerConfig()
+	if o.Objects != "" && (c.ClientConnection.Kubeconfig != "" || o.Master != "") {
+		return errors.New("--objects and --kubeconfig/--master are alternative sources: give one")
+	}
+	ccfg, err := o.ControllerConfig()
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return agent(ctx, log, f, ccfg)
+	return agent(ctx, log, &o, f, ccfg)
 }
 
-func (f *agentFlags) controllerConfig() (controller.Config, error) {
-	c := controller.Config{
-		NodeName:          f.hostname,
-		NodePortAddresses: splitList(f.nodePortAddrs),
-		Scheduler:         f.scheduler,
-		MasqueradeAll:     f.masqueradeAll,
+// ipvsFromConfig takes the ipvs.* fields of the configuration file into
+// the ipvs mode's settings, unless their own flags were given.
+func ipvsFromConfig(m *modeFlags, o *config.Options, set map[string]bool) {
+	v := &o.Config.IPVS
+	if !set["ipvs-strict-arp"] && v.StrictARP {
+		m.ipvsStrictARP = true
 	}
-	if c.NodeName == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return c, fmt.Errorf("host name: %w", err)
+	if !set["ipvs-exclude-cidrs"] && len(v.ExcludeCIDRs) > 0 {
+		m.ipvsExclude = strings.Join(v.ExcludeCIDRs, ",")
+	}
+	for _, d := range []struct {
+		flag string
+		dst  *time.Duration
+		v    time.Duration
+	}{
+		{"ipvs-tcp-timeout", &m.ipvsTCP, v.TCPTimeout.Duration},
+		{"ipvs-tcpfin-timeout", &m.ipvsTCPFin, v.TCPFinTimeout.Duration},
+		{"ipvs-udp-timeout", &m.ipvsUDP, v.UDPTimeout.Duration},
+	} {
+		if !set[d.flag] && d.v != 0 {
+			*d.dst = d.v
 		}
-		c.NodeName = strings.ToLower(h)
 	}
-	var err error
-	if c.PodCIDRs, err = parsePrefixes(f.clusterCIDR); err != nil {
-		return c, fmt.Errorf("--cluster-cidr: %w", err)
+}
+
+// cleanupAll is --cleanup: remove both modes' state and exit, as
+// kube-proxy --cleanup removes every mode's rules.
+func cleanupAll(log *slog.Logger, f *agentFlags) error {
+	err := loader.Cleanup(f.pinPath)
+	icfg, cerr := f.mode.ipvsConfig("", log)
+	if cerr == nil && ipvs.HasState(icfg) {
+		err = errors.Join(err, ipvs.Cleanup(icfg))
 	}
-	if c.ServiceCIDRs, err = parsePrefixes(f.serviceCIDR); err != nil {
-		return c, fmt.Errorf("--service-cluster-ip-range: %w", err)
+	if err == nil {
+		log.Info("Removed the xvs datapath", "pinPath", f.pinPath)
 	}
-	for _, s := range splitList(f.nodeIPs) {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return c, fmt.Errorf("--node-ip: %w", err)
-		}
-		c.NodeAddresses = append(c.NodeAddresses, a)
+	return errors.Join(err, cerr)
+}
+
+// adjustOOMScore writes oomScoreAdj to /proc/self/oom_score_adj, as
+// kube-proxy does so that the kernel kills workloads before the proxy. A
+// failure (no privilege to lower it) is logged, not fatal.
+func adjustOOMScore(log *slog.Logger, v int32) {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0); err != nil {
+		log.Warn("Cannot set the OOM score adjustment", "oomScoreAdj", v, "err", err)
+		return
 	}
-	return c, c.Validate()
+	log.Debug("OOM score adjusted", "oomScoreAdj", v)
 }
 
 // agent runs the proxy until ctx ends. It leaves the datapath in place when
 // it exits: pinned maps and links keep serving traffic across a restart or
-// an upgrade, and `xvs cleanup` is the way to remove them.
-func agent(ctx context.Context, log *slog.Logger, f agentFlags, ccfg controller.Config) error {
-	sel := loader.DeviceSelector{Patterns: splitList(f.devices)}
+// an upgrade, and `xvs cleanup` (or --cleanup) is the way to remove them.
+func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlags, ccfg controller.Config) error {
+	c := &o.Config
+	adjustOOMScore(log, *c.OOMScoreAdj)
+	sel := loader.DeviceSelector{Patterns: splitList(o.Devices), XDP: splitList(o.XDPDevices)}
 	if err := sel.Validate(); err != nil {
 		return err
 	}
-	serveMetrics(ctx, f.mode.metricsAddr, log)
-	active, err := startDatapath(log, f, &nodeEvents{node: ccfg.NodeName, file: f.mode.eventFile, log: log})
+
+	m := xmetrics.New()
+	findings := config.Unsupported(c)
+	for _, fd := range findings {
+		log.Warn("Configuration field not supported by xvs; it has no effect", "field", fd.Field, "value", fd.Value, "reason", fd.Reason)
+		m.UnsupportedConfig.WithLabelValues(fd.Field).Set(1)
+	}
+
+	var kube *kubeClient
+	if o.Objects == "" {
+		var err error
+		if kube, err = newKubeClient(ctx, log, o, ccfg.NodeName); err != nil {
+			return err
+		}
+		defer kube.shutdown()
+	}
+	events := &nodeEvents{node: ccfg.NodeName, file: f.mode.eventFile, log: log}
+	if kube != nil {
+		events.api = kube.nodeEvent
+	}
+	active, err := startDatapath(log, f, events)
 	if err != nil {
 		return err
 	}
 	defer active.close()
-	dp := active.dp
+	if active.objs != nil {
+		if err := m.RegisterVerdicts(verdictReader(active.objs)); err != nil {
+			return err
+		}
+	}
 	tracker, err := controller.NewTracker(ccfg)
 	if err != nil {
 		return err
 	}
 
-	reported := map[string]bool{}
-	sync := func(ctx context.Context) error {
-		start := time.Now()
-		s := tracker.Build()
-		current := map[string]bool{}
-		for _, p := range s.Problems {
-			current[p.String()] = true
-			if !reported[p.String()] {
-				log.Warn("skipping bad input", "problem", p.String())
-			}
-		}
-		reported = current
-		if !s.Changed && !s.Full {
-			return nil
-		}
-		if err := dp.Sync(ctx, s.State); err != nil {
-			log.Error("datapath sync failed", "err", err)
-			tracker.ForceFullSync()
-			return err
-		}
-		for _, p := range dp.Problems() {
-			log.Warn("datapath", "problem", p)
-		}
-		log.Debug("synced", "services", len(s.State.Services), "full", s.Full, "took", time.Since(start))
-		return nil
-	}
-	r := runner.New(runner.Config{MinInterval: f.minSyncPeriod, MaxInterval: f.syncPeriod, RetryInterval: time.Second}, sync)
+	s := newSyncer(syncerConfig{
+		log: log, tracker: tracker, dp: active.dp, metrics: m,
+		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: ccfg, kube: kube,
+	})
+	defer s.svcHealth.Close()
+	r := runner.New(runner.Config{MinInterval: c.IPVS.MinSyncPeriod.Duration, MaxInterval: c.IPVS.SyncPeriod.Duration,
+		RetryInterval: time.Second}, s.sync)
+	s.trigger = r.Run
 
-	src := controller.NewFileSource(f.objects, tracker, log)
-	if _, err := src.Load(); err != nil {
-		return fmt.Errorf("read %s: %w", f.objects, err)
+	if err := serveHTTP(ctx, log, c, s, active.dp.Mode(), m); err != nil {
+		return err
 	}
-	if objs := active.objs; objs != nil { // ebpf mode
-		mode := loader.AttachMode(f.tcAttach)
-		atts, errs, err := objs.WatchDevices(ctx, sel, mode, func(a loader.Attachment, err error) {
+
+	if active.objs != nil { // ebpf mode
+		atts, errs, err := active.objs.WatchDevices(ctx, sel, loader.AttachMode(o.TCAttach), func(a loader.Attachment, err error) {
 			if err != nil {
 				log.Warn("attach failed", "err", err)
 				return
@@ -212,14 +244,35 @@ func agent(ctx context.Context, log *slog.Logger, f agentFlags, ccfg controller.
 			log.Warn("attach failed", "err", e)
 		}
 	}
-	go func() {
-		if err := src.Run(ctx, r.Run); err != nil && ctx.Err() == nil {
-			log.Error("file source stopped", "err", err)
+
+	if kube != nil {
+		if err := kube.startInformers(ctx, tracker, c.ConfigSyncPeriod.Duration, o.ServiceProxyName, s.onEvent); err != nil {
+			return err
 		}
-	}()
-	log.Info("xvs agent running", "node", ccfg.NodeName, "objects", f.objects, "mode", dp.Mode(), "pinPath", f.pinPath)
+		kube.birthCry(string(c.Mode))
+	} else {
+		src := controller.NewFileSource(o.Objects, tracker, log)
+		if _, err := src.Load(); err != nil {
+			return fmt.Errorf("read %s: %w", o.Objects, err)
+		}
+		go func() {
+			if err := src.Run(ctx, s.onFileChange); err != nil && ctx.Err() == nil {
+				log.Error("file source stopped", "err", err)
+			}
+		}()
+	}
+	log.Info("xvs agent running", "node", ccfg.NodeName, "source", sourceName(o), "mode", active.dp.Mode(), "pinPath", o.PinPath)
+	// The first sync happens only now that the source holds the whole
+	// world: informers synced, or the directory read.
 	r.Run()
 	r.Loop(ctx)
 	log.Info("xvs agent stopping; the datapath stays in place")
 	return nil
+}
+
+func sourceName(o *config.Options) string {
+	if o.Objects != "" {
+		return "objects:" + o.Objects
+	}
+	return "kubernetes"
 }

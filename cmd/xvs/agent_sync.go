@@ -1,0 +1,301 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/xvs-lb/xvs/controller"
+	"github.com/xvs-lb/xvs/healthcheck"
+	xmetrics "github.com/xvs-lb/xvs/metrics"
+	"github.com/xvs-lb/xvs/model"
+)
+
+type syncerConfig struct {
+	log        *slog.Logger
+	tracker    *controller.Tracker
+	dp         syncDatapath
+	metrics    *xmetrics.Metrics
+	syncPeriod time.Duration
+	ccfg       controller.Config
+	kube       *kubeClient // nil with the file source
+}
+
+// syncer is the body of the sync loop: Tracker.Build, Datapath.Sync, then
+// the bookkeeping kube-proxy does around a sync (health, metrics, health
+// check servers, problem reports). The runner calls sync; the sources call
+// onEvent / onFileChange.
+type syncer struct {
+	syncerConfig
+	health    *healthcheck.ProxyHealth
+	svcHealth *healthcheck.ServiceHealth
+	// trigger asks the runner for a sync (set once the runner exists).
+	trigger func()
+
+	mu sync.Mutex
+	// triggers are the EndpointSlice last-change-trigger-times of changes
+	// not yet synced: network programming latency ends at their sync.
+	triggers []trigger
+	// pending counts changes not yet synced, by kind.
+	pendingServices, pendingEndpoints int
+
+	// Touched only by sync (the runner's goroutine).
+	lastFull time.Time
+	reported map[controller.Problem]bool
+	dpProbs  map[string]bool
+}
+
+type trigger struct {
+	at     time.Time
+	family string
+}
+
+func newSyncer(cfg syncerConfig) *syncer {
+	s := &syncer{syncerConfig: cfg, reported: map[controller.Problem]bool{}, dpProbs: map[string]bool{}}
+	m := cfg.metrics
+	// kube-proxy's health timeout is twice syncPeriod.
+	s.health = healthcheck.NewProxyHealth(2*cfg.syncPeriod, healthcheck.Counters{
+		Healthz: func(code int) { m.ProxyHealthzTotal.WithLabelValues(strconv.Itoa(code)).Inc() },
+		Livez:   func(code int) { m.ProxyLivezTotal.WithLabelValues(strconv.Itoa(code)).Inc() },
+	})
+	s.svcHealth = healthcheck.NewServiceHealth(s.health.IsHealthy, func(svc types.NamespacedName, port uint16, err error) {
+		cfg.log.Error("Cannot start the health check server of a Service", "service", svc, "port", port, "err", err)
+		if cfg.kube != nil {
+			cfg.kube.serviceEvent(svc, "Warning", "FailedToStartServiceHealthcheck",
+				"node %s failed to start healthcheck %q on port %d: %v", cfg.ccfg.NodeName, svc.String(), port, err)
+		}
+	})
+	return s
+}
+
+// onEvent is the informer source's callback.
+func (s *syncer) onEvent(ev controller.Event) {
+	if ev.Kind == "Node" {
+		s.health.SyncNode(ev.Node)
+	}
+	if !ev.Changed {
+		return
+	}
+	s.mu.Lock()
+	switch ev.Kind {
+	case "Service":
+		s.pendingServices++
+		s.metrics.ServiceChangesTotal.Inc()
+	case "EndpointSlice":
+		s.pendingEndpoints++
+		s.metrics.EndpointChangesTotal.Inc()
+		if !ev.TriggerTime.IsZero() {
+			fam := xmetrics.IPv4
+			if ev.AddressType == discoveryv1.AddressTypeIPv6 {
+				fam = xmetrics.IPv6
+			}
+			s.triggers = append(s.triggers, trigger{at: ev.TriggerTime, family: fam})
+		}
+	}
+	s.metrics.ServiceChangesPending.Set(float64(s.pendingServices))
+	s.metrics.EndpointChangesPending.Set(float64(s.pendingEndpoints))
+	s.mu.Unlock()
+	s.queued()
+}
+
+// onFileChange is the file source's callback: some manifest changed.
+func (s *syncer) onFileChange() { s.queued() }
+
+func (s *syncer) queued() {
+	s.health.QueuedUpdate()
+	now := float64(time.Now().UnixNano()) / 1e9
+	for _, f := range s.families(nil) {
+		s.metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues(f).Set(now)
+	}
+	if s.trigger != nil {
+		s.trigger()
+	}
+}
+
+// sync builds the State and applies it. A full sync is forced at start (the
+// Tracker's first Build), after a failure, on a Node change (both by the
+// Tracker) and every syncPeriod (here).
+func (s *syncer) sync(ctx context.Context) error {
+	start := time.Now()
+	if s.lastFull.IsZero() || start.Sub(s.lastFull) >= s.syncPeriod {
+		s.tracker.ForceFullSync()
+	}
+	// Changes counted before Build are in this State; later ones wait
+	// for the next sync.
+	s.mu.Lock()
+	triggers := s.triggers
+	s.triggers = nil
+	svcs, eps := s.pendingServices, s.pendingEndpoints
+	s.mu.Unlock()
+
+	b := s.tracker.Build()
+	s.reportProblems(b.Problems)
+	if b.Changed || b.Full {
+		if err := s.dp.Sync(ctx, b.State); err != nil {
+			s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
+			s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
+			s.tracker.ForceFullSync()
+			s.mu.Lock()
+			s.triggers = append(triggers, s.triggers...)
+			s.mu.Unlock()
+			return err
+		}
+		s.reportDatapathProblems(s.dp.Problems())
+	}
+	end := time.Now()
+	if b.Full {
+		s.lastFull = end
+	}
+	took := end.Sub(start)
+	fams := s.families(b.State)
+	s.metrics.ObserveSync(fams, b.Full, took, end)
+	for _, t := range triggers {
+		s.metrics.NetworkProgrammingLatency.WithLabelValues(t.family).Observe(end.Sub(t.at).Seconds())
+	}
+	s.mu.Lock()
+	s.pendingServices -= svcs
+	s.pendingEndpoints -= eps
+	s.metrics.ServiceChangesPending.Set(float64(s.pendingServices))
+	s.metrics.EndpointChangesPending.Set(float64(s.pendingEndpoints))
+	s.mu.Unlock()
+	s.health.Updated()
+	s.metrics.ServicePorts.Set(float64(len(b.State.Services)))
+	s.recordNoLocal(b.State)
+	s.svcHealth.Sync(healthCheckServices(b.State), s.healthCheckAddrs(b.State))
+	if b.Changed || b.Full {
+		s.log.Debug("Synced", "servicePorts", len(b.State.Services), "full", b.Full, "took", took)
+	}
+	return nil
+}
+
+// families lists the IP families the node serves (kube-proxy's ip_family
+// label): those of its addresses and frontends, IPv4 when unknown.
+func (s *syncer) families(st *model.State) []string {
+	var has [2]bool
+	mark := func(a netip.Addr) {
+		if a.Unmap().Is4() {
+			has[0] = true
+		} else if a.IsValid() {
+			has[1] = true
+		}
+	}
+	for _, a := range s.ccfg.NodeAddresses {
+		mark(a)
+	}
+	if st != nil {
+		for _, a := range st.Node.Addresses {
+			mark(a)
+		}
+		for _, sp := range st.Services {
+			for _, f := range sp.Frontends {
+				mark(f.Addr)
+			}
+		}
+	}
+	var out []string
+	if has[0] || !has[1] {
+		out = append(out, xmetrics.IPv4)
+	}
+	if has[1] {
+		out = append(out, xmetrics.IPv6)
+	}
+	return out
+}
+
+// recordNoLocal sets kubeproxy_sync_proxy_rules_no_local_endpoints_total:
+// ports with a Local policy whose endpoints are all on other nodes.
+func (s *syncer) recordNoLocal(st *model.State) {
+	counts := map[[2]string]int{}
+	for _, pol := range []string{"internal", "external"} {
+		for _, f := range s.families(st) {
+			counts[[2]string{pol, f}] = 0
+		}
+	}
+	for _, sp := range st.Services {
+		if len(sp.LocalEndpoints) > 0 {
+			continue
+		}
+		for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
+			if !sp.HasEndpointsFamily[i] && !(sp.HasEndpointsFamily == [2]bool{} && sp.HasEndpoints && i == 0) {
+				continue
+			}
+			if sp.InternalLocal {
+				counts[[2]string{"internal", fam}]++
+			}
+			if sp.ExternalLocal {
+				counts[[2]string{"external", fam}]++
+			}
+		}
+	}
+	for k, n := range counts {
+		s.metrics.NoLocalEndpointsTotal.WithLabelValues(k[0], k[1]).Set(float64(n))
+	}
+}
+
+// healthCheckServices picks the eTP=Local Services with a
+// healthCheckNodePort, counting their local Ready endpoints over all
+// ports, as kube-proxy's LocalReadyEndpoints does.
+func healthCheckServices(st *model.State) map[types.NamespacedName]healthcheck.Service {
+	out := map[types.NamespacedName]healthcheck.Service{}
+	for _, sp := range st.Services {
+		if !sp.ExternalLocal || sp.HealthCheckNodePort == 0 {
+			continue
+		}
+		k := types.NamespacedName{Namespace: sp.Name.Namespace, Name: sp.Name.Name}
+		hs := out[k]
+		hs.Port = sp.HealthCheckNodePort
+		hs.LocalEndpoints += sp.LocalReady
+		out[k] = hs
+	}
+	return out
+}
+
+// healthCheckAddrs: the health check servers listen on every address when
+// nodePortAddresses is unset (kube-proxy), else on the NodePort addresses.
+func (s *syncer) healthCheckAddrs(st *model.State) []netip.Addr {
+	if len(s.ccfg.NodePortAddresses) == 0 {
+		return nil
+	}
+	return s.ccfg.SelectNodePortAddresses(st.Node.Addresses)
+}
+
+// reportProblems logs each bad input once, when it appears, exports the
+// current count per kind, and (with the API source) records a Warning
+// Event on the offending Service or EndpointSlice.
+func (s *syncer) reportProblems(probs []controller.Problem) {
+	current := make(map[controller.Problem]bool, len(probs))
+	byKind := map[string]int{"Service": 0, "EndpointSlice": 0, "Node": 0, "Config": 0, "File": 0}
+	for _, p := range probs {
+		current[p] = true
+		byKind[p.Kind]++
+		if s.reported[p] {
+			continue
+		}
+		s.log.Warn("Skipping bad input", "kind", p.Kind, "object", p.Object, "file", p.File, "reason", p.Reason)
+		if s.kube != nil {
+			s.kube.problemEvent(p)
+		}
+	}
+	s.reported = current
+	for k, n := range byKind {
+		s.metrics.Problems.WithLabelValues(k).Set(float64(n))
+	}
+}
+
+func (s *syncer) reportDatapathProblems(probs []string) {
+	current := make(map[string]bool, len(probs))
+	for _, p := range probs {
+		current[p] = true
+		if !s.dpProbs[p] {
+			s.log.Warn("Datapath cannot program part of the state", "problem", p)
+		}
+	}
+	s.dpProbs = current
+	s.metrics.Problems.WithLabelValues("Datapath").Set(float64(len(probs)))
+}
