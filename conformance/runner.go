@@ -93,7 +93,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		return nil, errors.New("the runner needs root (network namespaces, BPF)")
 	}
 	if err := CleanupStale(); err != nil {
-		fmt.Fprintf(opts.Out, "warning: cleaning up a crashed run: %v\n", err)
+		fmt.Fprintf(opts.Out, "warning: leftovers of a crashed run: %s\n", oneLine(err.Error()))
 	}
 	scs, bad, err := LoadDir(dir)
 	if err != nil {
@@ -179,7 +179,11 @@ func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResul
 	}
 	w, err := newWorld(sc, opts)
 	if w != nil {
-		defer w.close(opts.Bin)
+		defer func() {
+			if err := w.close(opts.Bin); err != nil {
+				fmt.Fprintf(opts.Out, "warning: %s: cleanup: %s\n", sc.Name, oneLine(err.Error()))
+			}
+		}()
 	}
 	if err != nil {
 		return fail(err)
@@ -352,7 +356,7 @@ func (w *world) start(ctx context.Context, opts *Options) error {
 
 // close stops the agent, removes its datapath and pins, and deletes every
 // namespace and file of the world.
-func (w *world) close(bin string) {
+func (w *world) close(bin string) error {
 	for _, c := range w.holds {
 		c.Close()
 	}
@@ -362,10 +366,11 @@ func (w *world) close(bin string) {
 	if w.node != nil && w.agent != nil {
 		lab.Run(w.node.NS, bin, "cleanup", "--pin-path", w.pinPath)
 	}
-	os.RemoveAll(w.pinPath)
+	errs := []error{os.RemoveAll(w.pinPath)}
 	w.sentinel.close()
-	w.lab.Close()
+	errs = append(errs, w.lab.Close())
 	if w.dir != "" {
-		os.RemoveAll(w.dir)
+		errs = append(errs, os.RemoveAll(w.dir))
 	}
+	return errors.Join(errs...)
 }

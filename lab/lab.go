@@ -50,6 +50,9 @@ func New(prefix string) (*Lab, error) {
 	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
+	if err := prepareNetnsDir(); err != nil {
+		return nil, err
+	}
 	return &Lab{Prefix: prefix, servers: map[*EchoServer]struct{}{}}, nil
 }
 
