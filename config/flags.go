@@ -31,6 +31,7 @@ type Options struct {
 	// xvs's own.
 	Objects          string
 	Devices          string
+	XDPDevices       string
 	PinPath          string
 	TCAttach         string
 	ServiceCIDR      string
@@ -76,6 +77,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 
 	fs.StringVar(&o.Objects, "objects", "", "directory of Service, EndpointSlice and Node manifests to serve instead of the API server (the file source)")
 	fs.StringVar(&o.Devices, "devices", "", "comma-separated interface names or globs to attach to (default: every interface but lo, including ones created later)")
+	fs.StringVar(&o.XDPDevices, "xdp-devices", "", "comma-separated external interface names or globs that also get the XDP fast path for NodePort, ExternalIP and LB traffic (default: none)")
 	fs.StringVar(&o.PinPath, "pin-path", loader.DefaultPinPath, "bpffs directory for pinned maps, programs and links")
 	fs.StringVar(&o.TCAttach, "tc-attach", string(loader.AttachAuto), "tc attach mode: auto (TCX where available), tcx or legacy")
 	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated)")

@@ -10,6 +10,8 @@ command -v clang-format-14 >/dev/null || need+=(clang-format-14)
 command -v bpftool >/dev/null || need+=(bpftool)
 command -v nsenter >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
+command -v iptables-save >/dev/null || need+=(iptables)
+command -v nft >/dev/null || need+=(nftables)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 if [ "${#need[@]}" -gt 0 ]; then

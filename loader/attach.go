@@ -41,6 +41,9 @@ const (
 type Attachment struct {
 	Device string
 	Mode   AttachMode // AttachTCX or AttachLegacy
+	// XDP is XDPNative or XDPGeneric when the device also carries the
+	// XDP program, else empty.
+	XDP string
 }
 
 func (o *Objects) linkPin(dev string) string {
@@ -198,7 +201,7 @@ func Attached(pinPath string) ([]Attachment, error) {
 func Cleanup(pinPath string) error {
 	var errs []error
 	atts, err := Attached(pinPath)
-	errs = append(errs, err)
+	errs = append(errs, err, detachXDP(pinPath))
 	for _, a := range atts {
 		errs = append(errs, Detach(pinPath, a.Device))
 	}

@@ -16,6 +16,9 @@ type DeviceSelector struct {
 	// means every interface but loopback, which is what a node needs:
 	// Service traffic can enter on any of them.
 	Patterns []string
+	// XDP names (or globs) the external interfaces that also get the XDP
+	// fast path; empty means none.
+	XDP []string
 }
 
 // Match reports whether the interface name is selected.
@@ -36,7 +39,7 @@ func (s DeviceSelector) Match(name string) bool {
 
 // Validate checks that every pattern is a well-formed glob.
 func (s DeviceSelector) Validate() error {
-	for _, p := range s.Patterns {
+	for _, p := range append(append([]string(nil), s.Patterns...), s.XDP...) {
 		if _, err := path.Match(p, ""); err != nil {
 			return fmt.Errorf("device pattern %q: %w", p, err)
 		}
@@ -69,7 +72,7 @@ func (o *Objects) AttachSelected(s DeviceSelector, mode AttachMode) ([]Attachmen
 	var atts []Attachment
 	var errs []error
 	for _, n := range names {
-		a, err := o.Attach(n, mode)
+		a, err := o.attachDevice(s, n, mode)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -77,6 +80,16 @@ func (o *Objects) AttachSelected(s DeviceSelector, mode AttachMode) ([]Attachmen
 		atts = append(atts, a)
 	}
 	return atts, errs
+}
+
+// attachDevice attaches tc, and XDP where the selector asks for it.
+func (o *Objects) attachDevice(s DeviceSelector, dev string, mode AttachMode) (Attachment, error) {
+	a, err := o.Attach(dev, mode)
+	if err != nil || !s.MatchXDP(dev) {
+		return a, err
+	}
+	a.XDP, err = o.AttachXDP(dev)
+	return a, err
 }
 
 // WatchDevices attaches the program to every selected interface now and
@@ -112,7 +125,7 @@ func (o *Objects) WatchDevices(ctx context.Context, s DeviceSelector, mode Attac
 			if seen[name] || !s.Match(name) {
 				continue
 			}
-			a, err := o.Attach(name, mode)
+			a, err := o.attachDevice(s, name, mode)
 			if err == nil {
 				seen[name] = true
 			}

@@ -280,7 +280,11 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 		objs.Close()
 		return nil, err
 	}
-	return &activeDatapath{dp: dp, objs: objs, close: func() { objs.Close() }}, nil
+	// The reaper returns the connections of silently expired flows to
+	// the least-connection schedulers and frees their conntrack entries.
+	ctx, stop := context.WithCancel(context.Background())
+	go dp.RunReaper(ctx, 10*time.Second, func(err error) { slog.Warn("conntrack reaper", "err", err) })
+	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); objs.Close() }}, nil
 }
 
 func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapath, error) {

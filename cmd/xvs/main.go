@@ -5,6 +5,7 @@
 //	xvs list      show what is programmed, like ipvsadm -Ln
 //	xvs cleanup   detach and remove every xvs program, link and map
 //	xvs demo      a self-contained demo in network namespaces
+//	xvs lab       the two-node lab, for hands-on work
 package main
 
 import (
@@ -23,6 +24,7 @@ func commands() []command {
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
 		{"demo", "build a node in network namespaces and send traffic to a VIP", runDemo},
+		{"lab", "start the two-node lab in network namespaces (until Ctrl-C)", runLab},
 		{"conformance", "run a directory of conformance scenarios (conformance run DIR --mode ebpf|ipvs)", runConformance},
 	}
 }

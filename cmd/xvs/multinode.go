@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// multiNode is the north-south lab: two nodes joined by a fabric link, each
+// running its own agent for its own node name from the same manifests
+// (Services, EndpointSlices and both Node objects), a pod on each node,
+// and two external clients on node A's external interfaces.
+type multiNode struct {
+	Lab      *lab.Lab
+	A, B     *lab.Node
+	PodA     *lab.NS // 10.244.0.11, on node A
+	PodB     *lab.NS // 10.244.1.11, on node B
+	Client   *lab.NS // 192.0.2.10, inside the LB source ranges
+	Outsider *lab.NS // 198.51.100.10, outside them
+	Dir      string
+	Agents   map[string]*lab.Process
+	pins     map[string]string
+	bin      string
+}
+
+var (
+	mnNodeA    = netip.MustParseAddr("192.168.60.2")
+	mnNodeB    = netip.MustParseAddr("192.168.60.3")
+	mnPodA     = netip.MustParseAddr("10.244.0.11")
+	mnPodB     = netip.MustParseAddr("10.244.1.11")
+	mnClient   = netip.MustParseAddr("192.0.2.10")
+	mnOutsider = netip.MustParseAddr("198.51.100.10")
+	mnLBIP     = netip.MustParseAddr("203.0.113.10")
+	mnExtIP    = netip.MustParseAddr("203.0.113.20")
+)
+
+// multiNodeManifests: both Nodes, and Services covering the north-south
+// cases. Ports: NodePort 30080 (eTP=Cluster, endpoint on B only), 30081
+// (eTP=Local, endpoints on A and B), 30082 (no endpoints), an ExternalIP
+// and an LB IP with source ranges; all TCP and UDP.
+const multiNodeManifests = `apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/zone: zone-a}
+status:
+  addresses: [{type: InternalIP, address: 192.168.60.2}]
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-b
+  labels: {topology.kubernetes.io/zone: zone-b}
+status:
+  addresses: [{type: InternalIP, address: 192.168.60.3}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: remote-only, namespace: lab}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.30
+  clusterIPs: [172.30.0.30]
+  ports:
+  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}
+  - {name: udp, port: 80, targetPort: 8080, nodePort: 30080, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: remote-only-1, namespace: lab, labels: {kubernetes.io/service-name: remote-only}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.1.11], nodeName: node-b}
+ports:
+- {name: tcp, port: 8080, protocol: TCP}
+- {name: udp, port: 8080, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: lab}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.31
+  clusterIPs: [172.30.0.31]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32001
+  externalIPs: [203.0.113.20]
+  loadBalancerSourceRanges: [" 192.0.2.0/24"]
+  ports:
+  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}
+  - {name: udp, port: 80, targetPort: 8080, nodePort: 30081, protocol: UDP}
+status:
+  loadBalancer:
+    ingress: [{ip: 203.0.113.10}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local-1, namespace: lab, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a}
+- {addresses: [10.244.1.11], nodeName: node-b}
+ports:
+- {name: tcp, port: 8080, protocol: TCP}
+- {name: udp, port: 8080, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: lab}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.32
+  clusterIPs: [172.30.0.32]
+  ports:
+  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}
+  - {name: udp, port: 80, targetPort: 8080, nodePort: 30082, protocol: UDP}
+`
+
+// newMultiNode builds the namespaces, links and echo servers; agents are
+// started by startAgents.
+func newMultiNode(tag, bin string) (_ *multiNode, err error) {
+	prefix := lab.UniquePrefix(tag)
+	l, err := lab.New(prefix)
+	if err != nil {
+		return nil, err
+	}
+	w := &multiNode{Lab: l, bin: bin, Agents: map[string]*lab.Process{}, pins: map[string]string{}}
+	defer func() {
+		if err != nil {
+			w.Close()
+		}
+	}()
+	if w.Dir, err = os.MkdirTemp("", prefix); err != nil {
+		return nil, err
+	}
+	if w.A, err = l.AddNode("a", mnNodeA); err != nil {
+		return nil, err
+	}
+	if w.B, err = l.AddNode("b", mnNodeB); err != nil {
+		return nil, err
+	}
+	fab, err := l.Link(w.A, w.B)
+	if err != nil {
+		return nil, err
+	}
+	// Pod CIDRs per node across the fabric; B answers external clients
+	// (when a flow is not masqueraded) through A.
+	if err := fab.Route(w.A, netip.MustParsePrefix("10.244.1.0/24")); err != nil {
+		return nil, err
+	}
+	if err := fab.Route(w.B, netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.0/24")); err != nil {
+		return nil, err
+	}
+	if w.PodA, err = l.AddPod(w.A, "poda", mnPodA); err != nil {
+		return nil, err
+	}
+	if w.PodB, err = l.AddPod(w.B, "podb", mnPodB); err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		ns *lab.NS
+		ip netip.Addr
+	}{{w.PodA, mnPodA}, {w.PodB, mnPodB}} {
+		if _, err := lab.StartEcho(p.ns, netip.AddrPortFrom(p.ip, 8080)); err != nil {
+			return nil, err
+		}
+	}
+	if w.Client, err = l.AddClient(w.A, "client", mnClient); err != nil {
+		return nil, err
+	}
+	if w.Outsider, err = l.AddClient(w.A, "outsider", mnOutsider); err != nil {
+		return nil, err
+	}
+	// The clients' default routes point at node A, so the LB IP and the
+	// ExternalIP reach it as a cloud LB or the network would deliver them.
+	return w, os.WriteFile(filepath.Join(w.Dir, "lab.yaml"), []byte(multiNodeManifests), 0o644)
+}
+
+// startAgents runs one agent per node, node A with the XDP fast path on its
+// external interfaces, and waits until both have programmed the Services.
+func (w *multiNode) startAgents(extra ...string) error {
+	for _, n := range []struct {
+		node *lab.Node
+		name string
+		args []string
+	}{
+		{w.A, "node-a", []string{"--xdp-devices", "ext*"}},
+		{w.B, "node-b", nil},
+	} {
+		pin := filepath.Join("/sys/fs/bpf", strings.TrimSuffix(w.Lab.Prefix, "-")+"-"+n.name)
+		w.pins[n.name] = pin
+		args := append([]string{"agent", "--objects", w.Dir, "--hostname-override", n.name, "--pin-path", pin,
+			"--cluster-cidr", "10.244.0.0/16", "--service-cluster-ip-range", "172.30.0.0/16"}, n.args...)
+		args = append(args, extra...)
+		p, err := lab.Start(n.node.NS, filepath.Join(os.TempDir(), filepath.Base(pin)+"-agent.log"), w.bin, args...)
+		if err != nil {
+			return err
+		}
+		w.Agents[n.name] = p
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for name, pin := range w.pins {
+		for {
+			n, err := countServices(pin)
+			if err == nil && n >= 14 {
+				break
+			}
+			if ended, aerr := w.Agents[name].Exited(); ended {
+				log, _ := os.ReadFile(w.Agents[name].Log)
+				return fmt.Errorf("agent %s exited (%v):\n%s", name, aerr, log)
+			}
+			if time.Now().After(deadline) {
+				log, _ := os.ReadFile(w.Agents[name].Log)
+				return fmt.Errorf("agent %s: services not programmed (%d, %v):\n%s", name, n, err, log)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// countServices counts the frontends programmed under pin.
+func countServices(pin string) (int, error) {
+	m, err := maps.OpenPinned(pin)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	snap, err := m.Read(false)
+	if err != nil {
+		return 0, err
+	}
+	return len(snap.Services), nil
+}
+
+// Close stops the agents, removes both datapaths and every namespace.
+func (w *multiNode) Close() error {
+	for _, p := range w.Agents {
+		p.Stop(5 * time.Second)
+	}
+	for name, pin := range w.pins {
+		node := w.A
+		if name == "node-b" {
+			node = w.B
+		}
+		lab.Run(node.NS, w.bin, "cleanup", "--pin-path", pin)
+		os.RemoveAll(pin)
+		if p := w.Agents[name]; p != nil {
+			os.Remove(p.Log)
+		}
+	}
+	err := w.Lab.Close()
+	if w.Dir != "" {
+		os.RemoveAll(w.Dir)
+	}
+	return err
+}
+
+// runLab is `xvs lab`: the multi-node lab for hands-on work. It builds the
+// namespaces, starts both agents and waits for Ctrl-C, then removes it all.
+func runLab(args []string) error {
+	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the lab needs root (network namespaces, BPF)")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	w, err := newMultiNode("lab", bin)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.startAgents(); err != nil {
+		return err
+	}
+	fmt.Printf(`xvs lab is up: two nodes, each with its own agent.
+
+  node A %s (XDP on ext*), pod 10.244.0.11:8080 (echo)
+  node B %s, pod 10.244.1.11:8080 (echo)
+  client 192.0.2.10 and outsider 198.51.100.10, behind node A
+  manifests: %s (edit them: the agents follow)
+
+Try:
+  nsenter --net=%s %s list --pin-path %s
+  nsenter --net=%s nc %s 30080 </dev/null
+Press Ctrl-C to tear it all down.
+`, mnNodeA, mnNodeB, w.Dir, w.A.NS.Path(), bin, w.pins["node-a"], w.Client.Path(), mnNodeA)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	return nil
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+func newMultiNodeWorld(t *testing.T) *multiNode {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("multi-node lab tests need root (network namespaces, BPF); run them as root")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newMultiNode("mn", bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, p := range w.Agents {
+				if log, err := os.ReadFile(p.Log); err == nil {
+					t.Logf("agent %s log:\n%s", name, log)
+				}
+			}
+		}
+		w.Close()
+	})
+	if err := w.startAgents(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+type probeFunc func(ns *lab.NS, src netip.Addr, dst netip.AddrPort, timeout time.Duration) lab.Result
+
+var protos = map[string]probeFunc{"TCP": lab.ProbeTCP, "UDP": lab.ProbeUDP}
+
+// expectReach checks that every try lands on one of backends and that the
+// backend saw peer as the source; it returns the backends reached.
+func expectReach(t *testing.T, probe probeFunc, ns *lab.NS, src netip.Addr, dst netip.AddrPort, peer netip.Addr, tries int, backends ...netip.AddrPort) map[netip.AddrPort]int {
+	t.Helper()
+	got := map[netip.AddrPort]int{}
+	for i := range tries {
+		r := probe(ns, src, dst, 2*time.Second)
+		if r.Verdict != lab.OK {
+			t.Fatalf("%s -> %s try %d: %v", src, dst, i, r)
+		}
+		ok := false
+		for _, b := range backends {
+			ok = ok || r.Reply.Local == b
+		}
+		if !ok {
+			t.Fatalf("%s -> %s reached %s, want one of %v", src, dst, r.Reply.Local, backends)
+		}
+		if peer.IsValid() && r.Reply.Peer.Addr() != peer {
+			t.Fatalf("%s -> %s: backend %s saw %s as the source, want %s", src, dst, r.Reply.Local, r.Reply.Peer, peer)
+		}
+		got[r.Reply.Local]++
+	}
+	return got
+}
+
+func expectVerdict(t *testing.T, probe probeFunc, ns *lab.NS, src netip.Addr, dst netip.AddrPort, want lab.Verdict) {
+	t.Helper()
+	start := time.Now()
+	r := probe(ns, src, dst, time.Second)
+	if r.Verdict != want {
+		t.Fatalf("%s -> %s: %v, want %v", src, dst, r, want)
+	}
+	if want == lab.Refused && time.Since(start) > 500*time.Millisecond {
+		t.Fatalf("%s -> %s: refused only after %v", src, dst, time.Since(start))
+	}
+}
+
+// TestPrivMultiNodeNorthSouth: every Service address kube-proxy serves,
+// with real TCP and UDP through two nodes, each running its own agent.
+func TestPrivMultiNodeNorthSouth(t *testing.T) {
+	w := newMultiNodeWorld(t)
+	podA := netip.AddrPortFrom(mnPodA, 8080)
+	podB := netip.AddrPortFrom(mnPodB, 8080)
+	ap := func(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
+
+	for name, probe := range protos {
+		t.Run(name, func(t *testing.T) {
+			// NodePort, eTP=Cluster, backend on the other node: the
+			// backend sees node A (masquerade), the client the NodePort.
+			expectReach(t, probe, w.Client, mnClient, ap(mnNodeA, 30080), mnNodeA, 8, podB)
+			// eTP=Local: the local endpoint only, with the client's own
+			// address, on the NodePort, the ExternalIP and the LB IP.
+			for _, dst := range []netip.AddrPort{ap(mnNodeA, 30081), ap(mnExtIP, 80), ap(mnLBIP, 80)} {
+				expectReach(t, probe, w.Client, mnClient, dst, mnClient, 8, podA)
+			}
+			// loadBalancerSourceRanges: outside them, no answer from the
+			// LB IP; the NodePort of the same Service ignores them.
+			expectVerdict(t, probe, w.Outsider, mnOutsider, ap(mnLBIP, 80), lab.Timeout)
+			expectReach(t, probe, w.Outsider, mnOutsider, ap(mnNodeA, 30081), mnOutsider, 4, podA)
+			// No endpoints at all: refused, promptly.
+			expectVerdict(t, probe, w.Client, mnClient, ap(mnNodeA, 30082), lab.Refused)
+			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.32"), 80), lab.Refused)
+			// Pod to ClusterIP, remote backend: the pod's own address.
+			expectReach(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.30"), 80), mnPodA, 4, podB)
+			// Pod to an eTP=Local NodePort: short-circuited to every
+			// endpoint, unmasqueraded (except when it lands on itself).
+			got := expectReach(t, probe, w.PodB, mnPodB, ap(mnNodeB, 30081), netip.Addr{}, 24, podA, podB)
+			if got[podA] == 0 || got[podB] == 0 {
+				t.Fatalf("pod to eTP=Local NodePort reached %v, want both endpoints", got)
+			}
+			// Wrong port on a live ClusterIP: refused; an unallocated
+			// service address: dropped.
+			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.30"), 81), lab.Refused)
+			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.5.5"), 80), lab.Timeout)
+		})
+	}
+
+	// Hairpin: pod A through a ClusterIP back to itself is masqueraded
+	// to node A; to pod B it keeps its address.
+	hair := 0
+	for i := 0; i < 40 && hair < 2; i++ {
+		r := lab.ProbeTCP(w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.31"), 80), 2*time.Second)
+		if r.Verdict != lab.OK {
+			t.Fatal(r)
+		}
+		switch r.Reply.Local {
+		case podA:
+			hair++
+			if r.Reply.Peer.Addr() != mnNodeA {
+				t.Fatalf("hairpin: the pod saw itself as %s, want node A", r.Reply.Peer)
+			}
+		case podB:
+			if r.Reply.Peer.Addr() != mnPodA {
+				t.Fatalf("pod to ClusterIP, remote backend saw %s", r.Reply.Peer)
+			}
+		}
+	}
+	if hair == 0 {
+		t.Fatal("40 connections never landed on the client pod itself")
+	}
+
+	// The client's packets came in on node A's external interface, where
+	// the XDP program translated them.
+	m, err := maps.OpenPinned(w.pins["node-a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := m.Read(true)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := snap.Verdicts["forward_after_xdp"].PacketsIn; n == 0 {
+		t.Fatalf("no packet went through the XDP fast path: %v", snap.Verdicts)
+	}
+	t.Logf("node A verdicts: xdp-translated %d, source-range drops %d, no-endpoint rejects %d",
+		snap.Verdicts["forward_after_xdp"].PacketsIn, snap.Verdicts["drop_source_range"].PacketsIn, snap.Verdicts["reject_no_endpoints"].PacketsIn)
+
+	// ebpf mode adds no iptables or nftables rule.
+	for _, node := range []*lab.Node{w.A, w.B} {
+		for _, cmd := range [][]string{{"iptables-save"}, {"nft", "list", "ruleset"}} {
+			out, err := exec.Command("nsenter", append([]string{"--net=" + node.NS.Path(), "--"}, cmd...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s in %s: %v: %s", cmd, node.Name, err, out)
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(line, "-A ") || strings.HasPrefix(strings.TrimSpace(line), "table ") {
+					t.Fatalf("%s in %s shows a rule: %q", cmd, node.Name, line)
+				}
+			}
+		}
+	}
+}
