@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/xvs-lb/xvs/lab"
 )
 
 // TestPrivBenchTiny runs the whole benchmark at a tiny size, so that the
@@ -18,7 +22,11 @@ func TestPrivBenchTiny(t *testing.T) {
 		t.Fatal("this test loads BPF programs and needs root (CAP_BPF, CAP_NET_ADMIN); run it as root")
 	}
 	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
-	opts := Options{Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go test ./hack/bench/", Log: testLog{t}}
+	opts := Options{
+		Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go test ./hack/bench/", Log: testLog{t},
+		Traffic: TrafficOptions{Sizes: []int{1, 20}, RulesMax: 20, Rounds: 1, Workers: 2, Warmup: 50 * time.Millisecond, Window: 200 * time.Millisecond},
+		Control: ControlOptions{Sizes: []int{10, 50}, Changes: 4},
+	}
 	if err := Run(context.Background(), opts); err != nil {
 		t.Fatal(err)
 	}
@@ -29,17 +37,86 @@ func TestPrivBenchTiny(t *testing.T) {
 	for _, want := range []string{
 		"## Machine", "Kernel:", "CPU:", "## Method", "## Results", "![", "BENCHMARKS.png",
 		"### Conntrack hit", "### New flow", "### Goal", "## Control plane: full sync", "## Reproduce",
-		"| 1 |", "| 10 |",
+		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet", "remote backend with SNAT",
+		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
+		"### First-packet latency", "### Time to program", "| 20 |", "never slower than iptables",
+		"## Control plane: the agent's pipeline", "| 50 | 500 |", "One EndpointSlice change to the maps at 50 Services",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(filepath.Dir(out), "BENCHMARKS.png")); err != nil || fi.Size() == 0 {
-		t.Errorf("plot missing or empty: %v", err)
+	for _, png := range []string{"BENCHMARKS.png", "BENCHMARKS-traffic-cps.png", "BENCHMARKS-traffic-rr.png", "BENCHMARKS-traffic-latency.png", "BENCHMARKS-control.png"} {
+		if fi, err := os.Stat(filepath.Join(filepath.Dir(out), png)); err != nil || fi.Size() == 0 {
+			t.Errorf("plot %s missing or empty: %v", png, err)
+		}
+		if !strings.Contains(string(report), "("+png+")") {
+			t.Errorf("report does not embed %s", png)
+		}
 	}
 	if left, _ := filepath.Glob(fmt.Sprintf("/sys/fs/bpf/xvs-bench-%d-*", os.Getpid())); len(left) > 0 {
 		t.Errorf("pin paths left behind: %v", left)
+	}
+	if left, _ := lab.List("xvs-bench" + strconv.Itoa(os.Getpid()) + "-"); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+}
+
+// TestMain lets the test binary serve as the control-plane child process,
+// as the benchmark binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == controlChildArg {
+		if err := controlChild(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench control child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestRuleShapes: the iptables and nftables rule sets have kube-proxy's
+// structure for every Service and endpoint.
+func TestRuleShapes(t *testing.T) {
+	svcs := trafficServices(2)
+	ipt := iptablesRules(svcs)
+	for _, want := range []string{
+		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+		"-A KUBE-SERVICES -d 10.96.0.2/32 -p tcp -m comment --comment \"bench/svc-1:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-",
+		"-m statistic --mode random --probability 0.33333333333 -j KUBE-SEP-",
+		"-m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-",
+		"-j DNAT --to-destination 10.244.0.13:8080",
+		"COMMIT",
+	} {
+		if !strings.Contains(ipt, want) {
+			t.Errorf("iptables rules lack %q", want)
+		}
+	}
+	// Two Services x 3 endpoints: 2 KUBE-SVC and 6 KUBE-SEP chains, and
+	// the last endpoint of each Service is taken unconditionally.
+	if n := strings.Count(ipt, ":KUBE-SVC-"); n != 2 {
+		t.Errorf("%d KUBE-SVC chains, want 2", n)
+	}
+	if n := strings.Count(ipt, ":KUBE-SEP-"); n != 6 {
+		t.Errorf("%d KUBE-SEP chains, want 6", n)
+	}
+	if n := strings.Count(ipt, "--probability"); n != 4 {
+		t.Errorf("%d probability rules, want 4", n)
+	}
+	nft := nftablesRules(svcs)
+	for _, want := range []string{
+		"add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict",
+		"add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips",
+		"numgen random mod 3 vmap { 0 : goto endpoint-",
+		"add element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 : goto service-",
+		"meta l4proto tcp dnat to 10.244.0.12:8080",
+	} {
+		if !strings.Contains(nft, want) {
+			t.Errorf("nftables rules lack %q", want)
+		}
+	}
+	if n := strings.Count(nft, "dnat to"); n != 6 {
+		t.Errorf("%d dnat rules, want 6", n)
 	}
 }
 
@@ -51,6 +128,8 @@ func TestBenchOptionsValidate(t *testing.T) {
 		{Out: "x.md", Sizes: nil, Samples: 1},
 		{Out: "x.md", Sizes: []int{0}, Samples: 1},
 		{Out: "x.md", Sizes: []int{1}, Samples: 0},
+		{Out: "x.md", Sizes: []int{1}, Samples: 1, Traffic: TrafficOptions{Sizes: []int{1}}},
+		{Out: "x.md", Sizes: []int{1}, Samples: 1, Control: ControlOptions{Sizes: []int{1}}},
 	} {
 		if err := Run(context.Background(), o); err == nil {
 			t.Errorf("Run(%+v) accepted bad options", o)

@@ -312,11 +312,6 @@ func linePlot(path, title, ylabel string, minN, maxN int, series []any) error {
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
 
-// writeXDP leaves the place for the XDP program's per-packet figures.
-func writeXDP(b *bytes.Buffer) {
-	fmt.Fprintf(b, "## XDP per-packet\n\nNot measured yet: the bpf package has no XDP program (issue 4). When it has one, this section gets a NodePort packet to a local backend and to a remote backend with SNAT, beside an empty XDP program, with the method above.\n\n")
-}
-
 func reproduce() []byte {
 	return []byte(`## Reproduce
 
