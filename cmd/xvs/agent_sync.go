@@ -34,7 +34,7 @@ type syncerConfig struct {
 type syncer struct {
 	syncerConfig
 	health    *healthcheck.ProxyHealth
-	svcHealth *healthcheck.ServiceHealth
+	svcHealth healthServers
 	// trigger asks the runner for a sync (set once the runner exists).
 	trigger func()
 
@@ -49,6 +49,12 @@ type syncer struct {
 	lastFull time.Time
 	reported map[controller.Problem]bool
 	dpProbs  map[string]bool
+}
+
+// healthServers is what the syncer needs of healthcheck.ServiceHealth.
+type healthServers interface {
+	Sync(want map[types.NamespacedName]healthcheck.Service, addrs []netip.Addr)
+	Close()
 }
 
 type trigger struct {
@@ -239,19 +245,26 @@ func (s *syncer) recordNoLocal(st *model.State) {
 }
 
 // healthCheckServices picks the eTP=Local Services with a
-// healthCheckNodePort, counting their local Ready endpoints over all
-// ports, as kube-proxy's LocalReadyEndpoints does.
+// healthCheckNodePort and counts their local Ready endpoints by IP over
+// all ports (kube-proxy's LocalReadyEndpoints: 10.0.0.1:80 and
+// 10.0.0.1:443 are one endpoint). Terminating endpoints never count.
 func healthCheckServices(st *model.State) map[types.NamespacedName]healthcheck.Service {
 	out := map[types.NamespacedName]healthcheck.Service{}
+	ips := map[types.NamespacedName]map[netip.Addr]bool{}
 	for _, sp := range st.Services {
 		if !sp.ExternalLocal || sp.HealthCheckNodePort == 0 {
 			continue
 		}
 		k := types.NamespacedName{Namespace: sp.Name.Namespace, Name: sp.Name.Name}
-		hs := out[k]
-		hs.Port = sp.HealthCheckNodePort
-		hs.LocalEndpoints += sp.LocalReady
-		out[k] = hs
+		if ips[k] == nil {
+			ips[k] = map[netip.Addr]bool{}
+		}
+		for _, e := range sp.LocalEndpoints {
+			if e.Ready {
+				ips[k][e.Addr] = true
+			}
+		}
+		out[k] = healthcheck.Service{Port: sp.HealthCheckNodePort, LocalEndpoints: len(ips[k])}
 	}
 	return out
 }
