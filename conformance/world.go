@@ -338,7 +338,7 @@ func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) er
 		case "UDP":
 			ps = append(ps, lab.UDP)
 		default:
-			w.unsupported[k] = "the runner has no " + p + " listener"
+			w.unsupported[k] = "the runner has no " + p + " listener or probe (Go has no " + p + " sockets; " + sctpKernel() + ")"
 			continue
 		}
 		w.listening[k] = true
