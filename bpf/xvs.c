@@ -32,6 +32,7 @@
 #include "lib/nat.h"
 #include "lib/parse.h"
 #include "lib/reject.h"
+#include "lib/sock.h"
 #include "lib/stats.h"
 #include "lib/types.h"
 #include "lib/xdp.h"
@@ -161,5 +162,7 @@ const struct xvs_affinity_value *_unused_affinity_value __attribute__((unused));
 const struct xvs_member_key *_unused_member_key __attribute__((unused));
 const struct xvs_lpm_key *_unused_lpm_key __attribute__((unused));
 const struct xvs_vip_key *_unused_vip_key __attribute__((unused));
+const struct xvs_sock_key *_unused_sock_key __attribute__((unused));
+const struct xvs_sock_value *_unused_sock_value __attribute__((unused));
 const enum xvs_ct_flags *_unused_ct_flags __attribute__((unused));
 const enum xvs_verdict *_unused_verdict __attribute__((unused));

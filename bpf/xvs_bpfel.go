@@ -52,6 +52,7 @@ type XvsXvsConfig struct {
 	Flags       uint32
 	SnatPortMin uint16
 	SnatPortMax uint16
+	NetnsCookie uint64
 }
 
 type XvsXvsConfigFlags uint32
@@ -167,6 +168,22 @@ const (
 	XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT XvsXvsScope = 1
 )
 
+type XvsXvsSockKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   [16]uint8
+	Port   uint16
+	Proto  uint8
+	Pad    [5]uint8
+}
+
+type XvsXvsSockValue struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  [6]uint8
+}
+
 type XvsXvsStats struct {
 	_          structs.HostLayout
 	Conns      uint64
@@ -231,7 +248,10 @@ const (
 	XvsXvsVerdictXVS_V_DROP_UNALLOCATED    XvsXvsVerdict = 14
 	XvsXvsVerdictXVS_V_DROP_SNAT_EXHAUSTED XvsXvsVerdict = 15
 	XvsXvsVerdictXVS_V_FWD_XDP             XvsXvsVerdict = 16
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 17
+	XvsXvsVerdictXVS_V_SOCK_CONNECT        XvsXvsVerdict = 17
+	XvsXvsVerdictXVS_V_SOCK_REFUSED        XvsXvsVerdict = 18
+	XvsXvsVerdictXVS_V_SOCK_DROPPED        XvsXvsVerdict = 19
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 20
 )
 
 type XvsXvsVipKey struct {
@@ -261,9 +281,15 @@ const (
 	XvsMapXvsScratch           = "xvs_scratch"
 	XvsMapXvsServiceCidrs      = "xvs_service_cidrs"
 	XvsMapXvsServices          = "xvs_services"
+	XvsMapXvsSockFwd           = "xvs_sock_fwd"
+	XvsMapXvsSockRev           = "xvs_sock_rev"
 	XvsMapXvsSourceRanges      = "xvs_source_ranges"
 	XvsMapXvsSvcStats          = "xvs_svc_stats"
 	XvsMapXvsVerdicts          = "xvs_verdicts"
+	XvsProgXvsSockConnect4     = "xvs_sock_connect4"
+	XvsProgXvsSockGetpeername4 = "xvs_sock_getpeername4"
+	XvsProgXvsSockRecvmsg4     = "xvs_sock_recvmsg4"
+	XvsProgXvsSockSendmsg4     = "xvs_sock_sendmsg4"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
 	XvsProgXvsXdp              = "xvs_xdp"
@@ -279,6 +305,8 @@ const (
 	XvsVarUnusedSched          = "_unused_sched"
 	XvsVarUnusedSchedKey       = "_unused_sched_key"
 	XvsVarUnusedScope          = "_unused_scope"
+	XvsVarUnusedSockKey        = "_unused_sock_key"
+	XvsVarUnusedSockValue      = "_unused_sock_value"
 	XvsVarUnusedSvcFlags       = "_unused_svc_flags"
 	XvsVarUnusedVerdict        = "_unused_verdict"
 	XvsVarUnusedVipKey         = "_unused_vip_key"
@@ -332,10 +360,14 @@ type XvsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XvsProgramSpecs struct {
-	XvsTcEmpty   *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
-	XvsTcIngress *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
-	XvsXdp       *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
-	XvsXdpEmpty  *ebpf.ProgramSpec `ebpf:"xvs_xdp_empty"`
+	XvsSockConnect4     *ebpf.ProgramSpec `ebpf:"xvs_sock_connect4"`
+	XvsSockGetpeername4 *ebpf.ProgramSpec `ebpf:"xvs_sock_getpeername4"`
+	XvsSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_recvmsg4"`
+	XvsSockSendmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg4"`
+	XvsTcEmpty          *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
+	XvsTcIngress        *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
+	XvsXdp              *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
+	XvsXdpEmpty         *ebpf.ProgramSpec `ebpf:"xvs_xdp_empty"`
 }
 
 // XvsMapSpecs contains maps before they are loaded into the kernel.
@@ -358,6 +390,8 @@ type XvsMapSpecs struct {
 	XvsScratch       *ebpf.MapSpec `ebpf:"xvs_scratch"`
 	XvsServiceCidrs  *ebpf.MapSpec `ebpf:"xvs_service_cidrs"`
 	XvsServices      *ebpf.MapSpec `ebpf:"xvs_services"`
+	XvsSockFwd       *ebpf.MapSpec `ebpf:"xvs_sock_fwd"`
+	XvsSockRev       *ebpf.MapSpec `ebpf:"xvs_sock_rev"`
 	XvsSourceRanges  *ebpf.MapSpec `ebpf:"xvs_source_ranges"`
 	XvsSvcStats      *ebpf.MapSpec `ebpf:"xvs_svc_stats"`
 	XvsVerdicts      *ebpf.MapSpec `ebpf:"xvs_verdicts"`
@@ -378,6 +412,8 @@ type XvsVariableSpecs struct {
 	UnusedSched          *ebpf.VariableSpec `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.VariableSpec `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.VariableSpec `ebpf:"_unused_scope"`
+	UnusedSockKey        *ebpf.VariableSpec `ebpf:"_unused_sock_key"`
+	UnusedSockValue      *ebpf.VariableSpec `ebpf:"_unused_sock_value"`
 	UnusedSvcFlags       *ebpf.VariableSpec `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.VariableSpec `ebpf:"_unused_verdict"`
 	UnusedVipKey         *ebpf.VariableSpec `ebpf:"_unused_vip_key"`
@@ -425,6 +461,8 @@ type XvsMaps struct {
 	XvsScratch       *ebpf.Map `ebpf:"xvs_scratch"`
 	XvsServiceCidrs  *ebpf.Map `ebpf:"xvs_service_cidrs"`
 	XvsServices      *ebpf.Map `ebpf:"xvs_services"`
+	XvsSockFwd       *ebpf.Map `ebpf:"xvs_sock_fwd"`
+	XvsSockRev       *ebpf.Map `ebpf:"xvs_sock_rev"`
 	XvsSourceRanges  *ebpf.Map `ebpf:"xvs_source_ranges"`
 	XvsSvcStats      *ebpf.Map `ebpf:"xvs_svc_stats"`
 	XvsVerdicts      *ebpf.Map `ebpf:"xvs_verdicts"`
@@ -448,6 +486,8 @@ func (m *XvsMaps) Close() error {
 		m.XvsScratch,
 		m.XvsServiceCidrs,
 		m.XvsServices,
+		m.XvsSockFwd,
+		m.XvsSockRev,
 		m.XvsSourceRanges,
 		m.XvsSvcStats,
 		m.XvsVerdicts,
@@ -469,6 +509,8 @@ type XvsVariables struct {
 	UnusedSched          *ebpf.Variable `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.Variable `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.Variable `ebpf:"_unused_scope"`
+	UnusedSockKey        *ebpf.Variable `ebpf:"_unused_sock_key"`
+	UnusedSockValue      *ebpf.Variable `ebpf:"_unused_sock_value"`
 	UnusedSvcFlags       *ebpf.Variable `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.Variable `ebpf:"_unused_verdict"`
 	UnusedVipKey         *ebpf.Variable `ebpf:"_unused_vip_key"`
@@ -484,14 +526,22 @@ type XvsVariables struct {
 //
 // It can be passed to LoadXvsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XvsPrograms struct {
-	XvsTcEmpty   *ebpf.Program `ebpf:"xvs_tc_empty"`
-	XvsTcIngress *ebpf.Program `ebpf:"xvs_tc_ingress"`
-	XvsXdp       *ebpf.Program `ebpf:"xvs_xdp"`
-	XvsXdpEmpty  *ebpf.Program `ebpf:"xvs_xdp_empty"`
+	XvsSockConnect4     *ebpf.Program `ebpf:"xvs_sock_connect4"`
+	XvsSockGetpeername4 *ebpf.Program `ebpf:"xvs_sock_getpeername4"`
+	XvsSockRecvmsg4     *ebpf.Program `ebpf:"xvs_sock_recvmsg4"`
+	XvsSockSendmsg4     *ebpf.Program `ebpf:"xvs_sock_sendmsg4"`
+	XvsTcEmpty          *ebpf.Program `ebpf:"xvs_tc_empty"`
+	XvsTcIngress        *ebpf.Program `ebpf:"xvs_tc_ingress"`
+	XvsXdp              *ebpf.Program `ebpf:"xvs_xdp"`
+	XvsXdpEmpty         *ebpf.Program `ebpf:"xvs_xdp_empty"`
 }
 
 func (p *XvsPrograms) Close() error {
 	return _XvsClose(
+		p.XvsSockConnect4,
+		p.XvsSockGetpeername4,
+		p.XvsSockRecvmsg4,
+		p.XvsSockSendmsg4,
 		p.XvsTcEmpty,
 		p.XvsTcIngress,
 		p.XvsXdp,

@@ -201,7 +201,7 @@ func Attached(pinPath string) ([]Attachment, error) {
 func Cleanup(pinPath string) error {
 	var errs []error
 	atts, err := Attached(pinPath)
-	errs = append(errs, err, detachXDP(pinPath))
+	errs = append(errs, err, detachXDP(pinPath), detachSockets(pinPath))
 	for _, a := range atts {
 		errs = append(errs, Detach(pinPath, a.Device))
 	}

@@ -60,6 +60,7 @@ type Datapath struct {
 	node                     nodeState
 	nodeAddrs                []netip.Addr
 	snatPortMin, snatPortMax uint16
+	netnsCookie              uint64
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -107,6 +108,7 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 		node:        newNodeState(),
 		snatPortMin: cfg.SNATPortMin,
 		snatPortMax: cfg.SNATPortMax,
+		netnsCookie: netnsCookie(),
 	}
 	if d.snatPortMin == 0 && d.snatPortMax == 0 {
 		d.snatPortMin, d.snatPortMax = DefaultSNATPortMin, DefaultSNATPortMax
@@ -683,20 +685,7 @@ func (d *Datapath) resetHeld(ids []uint32) error {
 // resetStats zeroes the counters of freshly allocated IDs, which may hold
 // the figures of a previous owner.
 func (d *Datapath) resetStats(m *ebpf.Map, ids []uint32) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return fmt.Errorf("possible cpus: %w", err)
-	}
-	zero := make([]xbpf.Stats, ncpu)
-	for _, id := range ids {
-		if err := m.Update(&id, zero, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("reset counters %d in %s: %w", id, m, err)
-		}
-	}
-	return nil
+	return zeroPerCPU[xbpf.Stats](m, ids)
 }
 
 // kinds maps model frontend kinds to the datapath's enum, both ways.

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/model"
@@ -65,7 +66,7 @@ func cidrKeys(ps []netip.Prefix) map[xbpf.LPMKey]bool {
 
 // syncNode writes the node settings and the CIDR sets when they changed.
 func (d *Datapath) syncNode(st *model.State) error {
-	want := xbpf.NodeConf{SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax}
+	want := xbpf.NodeConf{SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax, NetnsCookie: d.netnsCookie}
 	for _, a := range st.Node.Addresses {
 		a = a.Unmap()
 		if a.Is4() && want.SnatAddr4 == [16]byte{} {
@@ -251,4 +252,20 @@ func (d *Datapath) sweepNodeState(ws *writeSet) error {
 		}
 	}
 	return rit.Err()
+}
+
+// netnsCookie is the cookie of the calling thread's network namespace
+// (SO_NETNS_COOKIE, Linux 5.14+), which scopes the socket-level load
+// balancer to the agent's namespace; 0 (socket LB off) where unknown.
+func netnsCookie() uint64 {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0
+	}
+	return c
 }

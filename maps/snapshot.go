@@ -69,6 +69,9 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_DROP_UNALLOCATED:    "drop_unallocated_service_ip",
 	xbpf.XvsXvsVerdictXVS_V_DROP_SNAT_EXHAUSTED: "drop_snat_ports_exhausted",
 	xbpf.XvsXvsVerdictXVS_V_FWD_XDP:             "forward_after_xdp",
+	xbpf.XvsXvsVerdictXVS_V_SOCK_CONNECT:        "host_socket_balanced",
+	xbpf.XvsXvsVerdictXVS_V_SOCK_REFUSED:        "host_socket_refused",
+	xbpf.XvsXvsVerdictXVS_V_SOCK_DROPPED:        "host_socket_dropped",
 }
 
 // VerdictName is the metric/listing name of a verdict.

@@ -167,6 +167,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_cluster_ips SEC(".maps");
 
+/* Socket LB: (socket, frontend) -> backend, and (socket, backend) ->
+ * frontend for recvmsg and getpeername. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_sock_key);
+	__type(value, struct xvs_sock_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_sock_fwd SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_sock_key);
+	__type(value, struct xvs_sock_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_sock_rev SEC(".maps");
+
 /* Indexed by service (frontend) ID. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

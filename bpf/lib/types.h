@@ -186,6 +186,26 @@ struct xvs_config {
 	 * ephemeral range so that they never collide with local sockets. */
 	__u16 snat_port_min;
 	__u16 snat_port_max;
+	/* The agent's network namespace: the socket-level load balancer
+	 * only serves processes of the node itself (pods have their own
+	 * namespaces and go through tc). */
+	__u64 netns_cookie;
+};
+
+/* Socket-level load balancing (host processes): per socket, the backend
+ * chosen for a frontend, and the frontend to show for a backend. */
+struct xvs_sock_key {
+	__u64 cookie;
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad[5];
+};
+
+struct xvs_sock_value {
+	__u8 addr[16];
+	__be16 port;
+	__u8 pad[6];
 };
 
 /* LPM key: an ID (family for node-wide CIDR sets, the service ID for
@@ -279,6 +299,9 @@ enum xvs_verdict {
 	XVS_V_DROP_UNALLOCATED,	   /* an unallocated address in a service CIDR */
 	XVS_V_DROP_SNAT_EXHAUSTED, /* no free masquerade port for the backend */
 	XVS_V_FWD_XDP,		   /* NATed by the XDP program; forwarded by tc */
+	XVS_V_SOCK_CONNECT,	   /* a host socket connected to a backend */
+	XVS_V_SOCK_REFUSED,	   /* a host socket refused (no endpoints) */
+	XVS_V_SOCK_DROPPED,	   /* a host socket failed as DROP would */
 	XVS_V_MAX,
 };
 

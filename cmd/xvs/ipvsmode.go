@@ -280,6 +280,10 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 		objs.Close()
 		return nil, err
 	}
+	// Host processes reach Services through the socket-level balancer.
+	if err := objs.AttachSockets(""); err != nil {
+		slog.Warn("socket-level load balancing for the node's own traffic is off", "err", err)
+	}
 	// The reaper returns the connections of silently expired flows to
 	// the least-connection schedulers and frees their conntrack entries.
 	ctx, stop := context.WithCancel(context.Background())

@@ -122,6 +122,27 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 		})
 	}
 
+	// The node itself (socket-level balancing): host processes reach
+	// ClusterIPs and NodePorts from the node's address; eTP=Local
+	// short-circuits them to every endpoint; the LB IP's source ranges
+	// do not hold the node, so it gets no answer; localhost NodePorts
+	// are not served (nftables parity).
+	for name, probe := range protos {
+		t.Run("host-"+name, func(t *testing.T) {
+			expectReach(t, probe, w.A.NS, mnNodeA, ap(netip.MustParseAddr("172.30.0.30"), 80), mnNodeA, 6, podB)
+			expectReach(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30080), mnNodeA, 6, podB)
+			got := expectReach(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30081), mnNodeA, 24, podA, podB)
+			if got[podA] == 0 || got[podB] == 0 {
+				t.Fatalf("host to eTP=Local NodePort reached %v, want both endpoints", got)
+			}
+			expectVerdict(t, probe, w.A.NS, mnNodeA, ap(mnLBIP, 80), lab.Timeout)
+			expectVerdict(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30082), lab.Refused)
+			if r := probe(w.A.NS, netip.MustParseAddr("127.0.0.1"), ap(netip.MustParseAddr("127.0.0.1"), 30080), time.Second); r.Verdict == lab.OK {
+				t.Fatalf("localhost NodePort answered: %v", r)
+			}
+		})
+	}
+
 	// Hairpin: pod A through a ClusterIP back to itself is masqueraded
 	// to node A; to pod B it keeps its address.
 	hair := 0
@@ -159,6 +180,9 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 	}
 	if n := snap.Verdicts["forward_after_xdp"].PacketsIn; n == 0 {
 		t.Fatalf("no packet went through the XDP fast path: %v", snap.Verdicts)
+	}
+	if n := snap.Verdicts["host_socket_balanced"].PacketsIn; n == 0 {
+		t.Fatalf("no host socket went through the socket-level balancer: %v", snap.Verdicts)
 	}
 	t.Logf("node A verdicts: xdp-translated %d, source-range drops %d, no-endpoint rejects %d",
 		snap.Verdicts["forward_after_xdp"].PacketsIn, snap.Verdicts["drop_source_range"].PacketsIn, snap.Verdicts["reject_no_endpoints"].PacketsIn)

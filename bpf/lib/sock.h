@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Traffic from the node itself: socket-level load balancing in cgroup
+ * hooks (see bpf/README.md for why). connect() and sendmsg() to a frontend
+ * are sent to a backend chosen exactly as for packets; recvmsg() and
+ * getpeername() show the frontend again. The kernel's socket then talks to
+ * the backend directly: no per-packet NAT, no conntrack entry. Only
+ * processes in the agent's network namespace are served. */
+#ifndef XVS_SOCK_H
+#define XVS_SOCK_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "flow.h"
+#include "lb.h"
+#include "maps.h"
+#include "stats.h"
+#include "types.h"
+
+#define SOCK_ALLOW   1
+#define SOCK_DENY    0
+#define ECONNREFUSED 111
+#define ETIMEDOUT    110
+
+static __always_inline const struct xvs_config *sock_config(struct bpf_sock_addr *ctx)
+{
+	__u32 zero = 0;
+	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
+
+	if (!cfg || cfg->netns_cookie == 0 || cfg->netns_cookie != bpf_get_netns_cookie(ctx))
+		return NULL;
+	return cfg;
+}
+
+static __always_inline void sock_key(struct xvs_sock_key *k, __u64 cookie, __be32 addr, __be16 port,
+				     __u8 proto)
+{
+	k->cookie = cookie;
+	__builtin_memcpy(k->addr, &addr, sizeof(addr));
+	k->port = port;
+	k->proto = proto;
+}
+
+static __always_inline int sock_fail(__u32 v, int err)
+{
+	stats_verdict(v, 0);
+	bpf_set_retval(-err);
+	return SOCK_DENY;
+}
+
+/* Choose the backend for a host socket addressing ctx's destination and
+ * rewrite the destination; returns the hook's verdict. */
+static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
+{
+	const struct xvs_config *cfg = sock_config(ctx);
+	__u8 proto = ctx->protocol;
+
+	if (!cfg || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
+		return SOCK_ALLOW;
+
+	struct xvs_pkt p = {
+		.saddr = addr_v4(cfg->snat_addr4),
+		.daddr = ctx->user_ip4,
+		.dport = (__be16)ctx->user_port,
+		.proto = proto,
+		.has_l4 = true,
+	};
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct xvs_sock_key k = {};
+	struct xvs_sock_value *have;
+
+	/* A socket keeps its backend per frontend (unconnected UDP sends one
+	 * datagram at a time, as one flow). */
+	sock_key(&k, cookie, p.daddr, p.dport, proto);
+	have = bpf_map_lookup_elem(&xvs_sock_fwd, &k);
+	if (have) {
+		ctx->user_ip4 = addr_v4(have->addr);
+		ctx->user_port = have->port;
+		return SOCK_ALLOW;
+	}
+
+	struct xvs_svc_key key = {};
+	struct xvs_svc_value *svc;
+
+	svc_key_v4(&key, p.daddr, p.dport, proto, XVS_SCOPE_POLICY);
+	svc = bpf_map_lookup_elem(&xvs_services, &key);
+	if (!svc)
+		return SOCK_ALLOW; /* not a frontend; tc sees what follows */
+	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) && !lpm_match_v4(&xvs_source_ranges, svc->svc_id, p.saddr))
+		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+	if (svc->flags & XVS_SVC_F_SHORT_CIRCUIT) {
+		/* eTP=Local: the node itself reaches every endpoint. */
+		key.scope = XVS_SCOPE_SHORT_CIRCUIT;
+		svc = bpf_map_lookup_elem(&xvs_services, &key);
+		if (!svc)
+			return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+	}
+	if (svc->count == 0) {
+		if (svc->flags & XVS_SVC_F_HAS_ENDPOINTS)
+			return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+		return sock_fail(XVS_V_SOCK_REFUSED, ECONNREFUSED);
+	}
+
+	struct xvs_backend *be = NULL;
+	__u32 backend_id = 0;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (svc->flags & XVS_SVC_F_AFFINITY)
+		be = affinity_lookup(&key, svc, &p, now, &backend_id);
+	if (!be)
+		be = lb_select(&key, svc, &p, &backend_id);
+	if (!be)
+		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+	if (svc->flags & XVS_SVC_F_AFFINITY)
+		affinity_update(svc, &p, backend_id, now);
+
+	struct xvs_sock_value fwd = {.port = be->port}, rev = {.port = p.dport};
+
+	__builtin_memcpy(fwd.addr, be->addr, sizeof(fwd.addr));
+	__builtin_memcpy(rev.addr, &p.daddr, sizeof(p.daddr));
+	if (remember)
+		bpf_map_update_elem(&xvs_sock_fwd, &k, &fwd, BPF_ANY);
+	sock_key(&k, cookie, addr_v4(be->addr), be->port, proto);
+	bpf_map_update_elem(&xvs_sock_rev, &k, &rev, BPF_ANY);
+
+	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &svc->svc_id);
+	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &backend_id);
+
+	if (s)
+		s->conns++;
+	if (b)
+		b->conns++;
+	stats_verdict(XVS_V_SOCK_CONNECT, 0);
+	ctx->user_ip4 = addr_v4(be->addr);
+	ctx->user_port = be->port;
+	return SOCK_ALLOW;
+}
+
+/* Show the frontend instead of the backend (recvmsg, getpeername). */
+static __always_inline int sock_reverse(struct bpf_sock_addr *ctx)
+{
+	const struct xvs_config *cfg = sock_config(ctx);
+	struct xvs_sock_key k = {};
+	struct xvs_sock_value *v;
+
+	if (!cfg)
+		return SOCK_ALLOW;
+	sock_key(&k, bpf_get_socket_cookie(ctx), ctx->user_ip4, (__be16)ctx->user_port, ctx->protocol);
+	v = bpf_map_lookup_elem(&xvs_sock_rev, &k);
+	if (v) {
+		ctx->user_ip4 = addr_v4(v->addr);
+		ctx->user_port = v->port;
+	}
+	return SOCK_ALLOW;
+}
+
+SEC("cgroup/connect4")
+int xvs_sock_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock_balance(ctx, false);
+}
+
+SEC("cgroup/sendmsg4")
+int xvs_sock_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock_balance(ctx, true);
+}
+
+SEC("cgroup/recvmsg4")
+int xvs_sock_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock_reverse(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int xvs_sock_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return sock_reverse(ctx);
+}
+
+#endif
