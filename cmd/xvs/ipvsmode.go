@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -46,6 +47,9 @@ type modeFlags struct {
 	eventFile      string
 	debugFailBPF   bool
 	ipvsDeviceName string
+	// ebpf mode's own.
+	masqPorts  string
+	maglevSize uint
 }
 
 func (f *modeFlags) register(fs *flag.FlagSet) {
@@ -62,6 +66,8 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
+	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections (keep it outside net.ipv4.ip_local_port_range)")
+	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	fs.BoolVar(&f.debugFailBPF, "debug-fail-bpf-load", false, "fault injection for the fallback tests: fail the BPF load (never in production; also "+envFailBPFLoad+"=1)")
 }
 
@@ -275,7 +281,15 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends})
+	lo, hi, err := parsePortRange(f.mode.masqPorts)
+	if err != nil {
+		objs.Close()
+		return nil, fmt.Errorf("--masquerade-port-range: %w", err)
+	}
+	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{
+		MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends,
+		SNATPortMin: lo, SNATPortMax: hi, MaglevSize: uint32(f.mode.maglevSize),
+	})
 	if err != nil {
 		objs.Close()
 		return nil, err
@@ -340,4 +354,15 @@ func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
 		snap.Services = append(snap.Services, v)
 	}
 	return snap, nil
+}
+
+// parsePortRange reads "LO-HI" (1 <= LO <= HI <= 65535).
+func parsePortRange(s string) (uint16, uint16, error) {
+	a, b, ok := strings.Cut(strings.TrimSpace(s), "-")
+	lo, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
+	hi, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
+	if !ok || err1 != nil || err2 != nil || lo == 0 || hi < lo {
+		return 0, 0, fmt.Errorf("%q is not LO-HI with 1 <= LO <= HI <= 65535", s)
+	}
+	return uint16(lo), uint16(hi), nil
 }
