@@ -124,6 +124,134 @@ spec:
   ports:
   - {name: tcp, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}
   - {name: udp, port: 80, targetPort: 8080, nodePort: 30082, protocol: UDP}
+` + multiNodePolicyManifests
+
+// multiNodePolicyManifests: traffic policies and endpoint conditions, all
+// ClusterIP with one endpoint on each node: iTP=Local (.33), zone hints
+// (.34), node hints (.35), hints missing on one endpoint (.36), serving
+// terminating endpoints only (.37), not-serving terminating only (.38),
+// iTP=Local with the only endpoint remote (.39).
+const multiNodePolicyManifests = `---
+apiVersion: v1
+kind: Service
+metadata: {name: itp-local, namespace: lab}
+spec:
+  clusterIP: 172.30.0.33
+  clusterIPs: [172.30.0.33]
+  internalTrafficPolicy: Local
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-local-1, namespace: lab, labels: {kubernetes.io/service-name: itp-local}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a}
+- {addresses: [10.244.1.11], nodeName: node-b}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zone, namespace: lab}
+spec:
+  clusterIP: 172.30.0.34
+  clusterIPs: [172.30.0.34]
+  trafficDistribution: PreferSameZone
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zone-1, namespace: lab, labels: {kubernetes.io/service-name: zone}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.1.11], nodeName: node-b, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: same-node, namespace: lab}
+spec:
+  clusterIP: 172.30.0.35
+  clusterIPs: [172.30.0.35]
+  trafficDistribution: PreferSameNode
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: same-node-1, namespace: lab, labels: {kubernetes.io/service-name: same-node}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a, hints: {forNodes: [{name: node-a}], forZones: [{name: zone-b}]}}
+- {addresses: [10.244.1.11], nodeName: node-b, hints: {forNodes: [{name: node-b}], forZones: [{name: zone-a}]}}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: half-hinted, namespace: lab}
+spec:
+  clusterIP: 172.30.0.36
+  clusterIPs: [172.30.0.36]
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: half-hinted-1, namespace: lab, labels: {kubernetes.io/service-name: half-hinted}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.1.11], nodeName: node-b}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: terminating, namespace: lab}
+spec:
+  clusterIP: 172.30.0.37
+  clusterIPs: [172.30.0.37]
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: terminating-1, namespace: lab, labels: {kubernetes.io/service-name: terminating}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.0.11], nodeName: node-a, conditions: {ready: false, serving: false, terminating: true}}
+- {addresses: [10.244.1.11], nodeName: node-b, conditions: {ready: false, serving: true, terminating: true}}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: not-serving, namespace: lab}
+spec:
+  clusterIP: 172.30.0.38
+  clusterIPs: [172.30.0.38]
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: not-serving-1, namespace: lab, labels: {kubernetes.io/service-name: not-serving}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.1.11], nodeName: node-b, conditions: {ready: false, serving: false, terminating: true}}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: itp-remote, namespace: lab}
+spec:
+  clusterIP: 172.30.0.39
+  clusterIPs: [172.30.0.39]
+  internalTrafficPolicy: Local
+  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}, {name: udp, port: 80, targetPort: 8080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-remote-1, namespace: lab, labels: {kubernetes.io/service-name: itp-remote}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.1.11], nodeName: node-b}
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
 `
 
 // newMultiNode builds the namespaces, links and echo servers; agents are

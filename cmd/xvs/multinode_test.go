@@ -202,3 +202,43 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivMultiNodePolicies: internalTrafficPolicy Local, topology hints
+// and the terminating fallback, seen from a pod on each node.
+func TestPrivMultiNodePolicies(t *testing.T) {
+	w := newMultiNodeWorld(t)
+	podA := netip.AddrPortFrom(mnPodA, 8080)
+	podB := netip.AddrPortFrom(mnPodB, 8080)
+	svc := func(last byte) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 30, 0, last}), 80) }
+	type client struct {
+		ns   *lab.NS
+		ip   netip.Addr
+		self netip.AddrPort
+	}
+	a, b := client{w.PodA, mnPodA, podA}, client{w.PodB, mnPodB, podB}
+	for name, probe := range protos {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range []client{a, b} {
+				// iTP=Local and both hint kinds: only the client's own
+				// node (zone-a is node A, zone-b node B).
+				for _, s := range []netip.AddrPort{svc(33), svc(34), svc(35)} {
+					expectReach(t, probe, c.ns, c.ip, s, netip.Addr{}, 8, c.self)
+				}
+				// A ready endpoint without hints disables filtering.
+				got := expectReach(t, probe, c.ns, c.ip, svc(36), netip.Addr{}, 24, podA, podB)
+				if got[podA] == 0 || got[podB] == 0 {
+					t.Fatalf("half-hinted Service reached %v from %s, want both", got, c.ip)
+				}
+				// No ready endpoint: the serving terminating one, wherever
+				// it is; none serving: REJECT.
+				expectReach(t, probe, c.ns, c.ip, svc(37), netip.Addr{}, 6, podB)
+				expectVerdict(t, probe, c.ns, c.ip, svc(38), lab.Refused)
+			}
+			// iTP=Local whose only endpoint is on the other node: DROP on
+			// node A, served on node B.
+			expectVerdict(t, probe, a.ns, a.ip, svc(39), lab.Timeout)
+			// (pod B reaching itself: hairpin, masqueraded to node B)
+			expectReach(t, probe, b.ns, b.ip, svc(39), mnNodeB, 4, podB)
+		})
+	}
+}
