@@ -149,6 +149,7 @@ func controlChild(args []string) error {
 	changes := fs.Int("changes", 0, "EndpointSlice changes to time")
 	out := fs.String("out", "", "result file")
 	cpuprofile := fs.String("cpuprofile", "", "CPU profile of the full sync")
+	memprofile := fs.String("memprofile", "", "heap profile right after the full sync")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -163,7 +164,7 @@ func controlChild(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	r, err := runControl(context.Background(), *n, *changes)
+	r, err := runControl(context.Background(), *n, *changes, *memprofile)
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,7 @@ func controlChild(args []string) error {
 	return os.WriteFile(*out, data, 0o644)
 }
 
-func runControl(ctx context.Context, n, changes int) (res controlResult, err error) {
+func runControl(ctx context.Context, n, changes int, memprofile string) (res controlResult, err error) {
 	res.N = n
 	cfg := loader.DefaultConfig()
 	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-control", os.Getpid()))
@@ -234,6 +235,11 @@ func runControl(ctx context.Context, n, changes int) (res controlResult, err err
 	if res.HWM, err = procStatus("VmHWM"); err != nil {
 		return res, err
 	}
+	if memprofile != "" {
+		if err := writeHeapProfile(memprofile); err != nil {
+			return res, err
+		}
+	}
 	if changes == 0 {
 		return res, nil
 	}
@@ -289,6 +295,14 @@ func runControl(ctx context.Context, n, changes int) (res controlResult, err err
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.WriteHeapProfile(f), f.Close())
+}
 
 // waitCount polls a frontend's head until it lists want endpoints.
 func waitCount(m *ebpf.Map, vip netip.Addr, want uint16, syncErr <-chan error) error {
