@@ -91,7 +91,7 @@ func (w *world) runProbe(p *Probe, exp Expect, affinity bool) (observed string, 
 		for range n {
 			t := w.dial(c, p.to, p.proto, timeout)
 			tries = append(tries, t)
-			if bad, _ := w.judgeTry(p, exp, affinity, c, tries); bad {
+			if w.failsProbe(p, exp, affinity, c, tries) {
 				break
 			}
 		}
@@ -99,31 +99,31 @@ func (w *world) runProbe(p *Probe, exp Expect, affinity bool) (observed string, 
 	return w.judge(p, exp, affinity, c, tries, n)
 }
 
-// judgeTry reports whether the latest try already fails the probe.
-func (w *world) judgeTry(p *Probe, exp Expect, affinity bool, c client, tries []try) (bool, string) {
+// failsProbe reports whether the latest try already fails the probe.
+func (w *world) failsProbe(p *Probe, exp Expect, affinity bool, c client, tries []try) bool {
 	t := tries[len(tries)-1]
 	o := t.outcome(p.to)
 	switch {
 	case exp.Verdict != "" && exp.Verdict != Pass:
-		return o != exp.Verdict, ""
+		return o != exp.Verdict
 	case exp.Verdict == Pass:
 		if o != Pass {
-			return true, ""
+			return true
 		}
 	default:
 		if !slices.Contains(exp.Members, t.reply.Local) || t.verdict != lab.OK {
-			return true, ""
+			return true
 		}
 		if affinity && t.reply.Local != tries[0].reply.Local {
-			return true, ""
+			return true
 		}
 	}
 	if p.Masquerade != nil {
 		if ok, _ := w.masqOK(*p.Masquerade, c, t.reply.Peer.Addr()); !ok {
-			return true, ""
+			return true
 		}
 	}
-	return false, ""
+	return false
 }
 
 // masqOK checks the peer a backend saw: a node address when masquerade is
