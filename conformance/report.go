@@ -87,13 +87,13 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 	b.WriteString("`make conformance-report` (every `bin/conformance-*.json` becomes a column).\n\n")
 	b.WriteString(runnerNotes)
 
-	b.WriteString("## Summary\n\n| mode | kernel | date | duration | scenarios pass / fail / error / malformed / skip | probes passed | probes failed |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("## Summary\n\n| mode | kernel | build | date | duration | scenarios pass / fail / error / malformed / skip | probes passed | probes failed |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		c := map[string]int{}
 		for _, s := range r.Scenarios {
 			c[s.Status]++
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, r.Build,
 			r.Started.Format("2006-01-02 15:04 UTC"), time.Duration(r.Duration).Round(time.Second),
 			c[StatusPass], c[StatusFail], c[StatusError], c[StatusMalformed], c[StatusSkip], r.Passed, r.Failed)
 	}

@@ -45,6 +45,7 @@ type Results struct {
 	Started   time.Time        `json:"started"`
 	Duration  Duration         `json:"duration"`
 	Kernel    string           `json:"kernel"`
+	Build     string           `json:"build"` // VCS revision of the runner and agent binary ("+dirty": uncommitted changes)
 	Scenarios []ScenarioResult `json:"scenarios"`
 	Passed    int              `json:"passed"` // probe lines that passed
 	Failed    int              `json:"failed"` // probe lines that failed, malformed and broken scenarios included
@@ -107,7 +108,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 	} else if err := os.MkdirAll(opts.LogDir, 0o755); err != nil {
 		return nil, err
 	}
-	res := &Results{Mode: opts.Mode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease()}
+	res := &Results{Mode: opts.Mode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease(), Build: buildRevision()}
 	for _, e := range bad {
 		var me *MalformedError
 		file, reason := "", e.Error()
