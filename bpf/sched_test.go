@@ -166,6 +166,19 @@ func TestPrivSchedLeastConn(t *testing.T) {
 	if got := newConn(t, e, client, 3000); got != closedOn {
 		t.Fatalf("after a close on %s, lc chose %s", closedOn, got)
 	}
+
+	// Closed connections still count as inactive (IPVS's TIME_WAIT
+	// accounting), so short sequential connections spread too.
+	e, _ = schedService(t, "lc")
+	seen := map[netip.AddrPort]bool{}
+	for i := range 4 {
+		b := newConn(t, e, client, uint16(5000+i))
+		e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: uint16(5000 + i), dport: 80, fin: true, ack: true}))
+		seen[b] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("4 sequential closed connections under lc reached %d backends, want 4", len(seen))
+	}
 }
 
 // newConnBackendOf re-sends an established flow's ACK and reports the

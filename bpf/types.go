@@ -24,6 +24,7 @@ type (
 	NodeConf  = XvsXvsConfig
 	LPMKey    = XvsXvsLpmKey
 	VIPKey    = XvsXvsVipKey
+	Conns     = XvsXvsConnCounts
 )
 
 const (

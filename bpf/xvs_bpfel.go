@@ -62,6 +62,12 @@ const (
 	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL XvsXvsConfigFlags = 2
 )
 
+type XvsXvsConnCounts struct {
+	_        structs.HostLayout
+	Active   uint32
+	Inactive uint32
+}
+
 type XvsXvsCtEntry struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -87,6 +93,7 @@ const (
 	XvsXvsCtFlagsXVS_CT_F_COUNTED    XvsXvsCtFlags = 16
 	XvsXvsCtFlagsXVS_CT_F_SNAT       XvsXvsCtFlags = 32
 	XvsXvsCtFlagsXVS_CT_F_HELD       XvsXvsCtFlags = 64
+	XvsXvsCtFlagsXVS_CT_F_INACTIVE   XvsXvsCtFlags = 128
 )
 
 type XvsXvsCtKey struct {

@@ -675,7 +675,7 @@ func (d *Datapath) swapTable(t tableWrite) error {
 
 // resetHeld zeroes the least-connection counts of fresh backend IDs.
 func (d *Datapath) resetHeld(ids []uint32) error {
-	zero := make([]uint32, len(ids))
+	zero := make([]xbpf.Conns, len(ids))
 	if err := updateMany(d.m.BackendHeld, ids, zero); err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 	}
 	now := uint64(ts.Nano())
 	var dead []xbpf.CtKey
-	reaped := map[uint32]uint32{}
+	reaped := map[uint32]xbpf.Conns{}
 	var k xbpf.CtKey
 	var e xbpf.CtEntry
 	it := d.m.Conntrack.Iterate()
@@ -36,8 +36,13 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 			continue
 		}
 		dead = append(dead, k)
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0 {
-			reaped[e.BackendId]++
+		switch c := reaped[e.BackendId]; {
+		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
+			c.Active++
+			reaped[e.BackendId] = c
+		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE) != 0:
+			c.Inactive++
+			reaped[e.BackendId] = c
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -47,11 +52,12 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 		return 0, err
 	}
 	for id, n := range reaped {
-		var have uint32
+		var have xbpf.Conns
 		if err := d.m.BackendReaped.Lookup(&id, &have); err != nil {
 			return 0, fmt.Errorf("read reaped count of backend %d: %w", id, err)
 		}
-		have += n
+		have.Active += n.Active
+		have.Inactive += n.Inactive
 		if err := d.m.BackendReaped.Update(&id, &have, 0); err != nil {
 			return 0, fmt.Errorf("write reaped count of backend %d: %w", id, err)
 		}

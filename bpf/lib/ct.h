@@ -55,15 +55,31 @@ static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u16 flags)
 	return (__u64)s * NSEC_PER_SEC;
 }
 
-/* Give back the connection a least-connection scheduler counted for the
- * flow's backend. */
+/* Give back what a least-connection scheduler counts for the flow: its
+ * active connection, or its inactive one. */
 static __always_inline void ct_release(const struct xvs_ct_entry *e)
 {
 	__u32 id = e->backend_id;
-	__u32 *held = bpf_map_lookup_elem(&xvs_backend_held, &id);
+	struct xvs_conn_counts *c = bpf_map_lookup_elem(&xvs_backend_held, &id);
 
-	if (held)
-		__sync_fetch_and_add(held, -1);
+	if (!c)
+		return;
+	if (e->flags & XVS_CT_F_HELD)
+		__sync_fetch_and_add(&c->active, -1);
+	else if (e->flags & XVS_CT_F_INACTIVE)
+		__sync_fetch_and_add(&c->inactive, -1);
+}
+
+/* A closing flow's active connection becomes an inactive one. */
+static __always_inline void ct_deactivate(const struct xvs_ct_entry *e)
+{
+	__u32 id = e->backend_id;
+	struct xvs_conn_counts *c = bpf_map_lookup_elem(&xvs_backend_held, &id);
+
+	if (!c)
+		return;
+	__sync_fetch_and_add(&c->active, -1);
+	__sync_fetch_and_add(&c->inactive, 1);
 }
 
 /* Account for one packet of a tracked flow: TCP FIN or RST moves the entry
@@ -77,8 +93,8 @@ static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pk
 	if (flags & XVS_CT_F_REPLY)
 		flags |= XVS_CT_F_SEEN_REPLY;
 	if ((flags & (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) == (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) {
-		ct_release(e);
-		flags &= ~XVS_CT_F_HELD;
+		ct_deactivate(e);
+		flags = (flags & ~XVS_CT_F_HELD) | XVS_CT_F_INACTIVE;
 	}
 	if (flags != e->flags)
 		e->flags = flags;

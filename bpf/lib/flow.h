@@ -281,10 +281,10 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 		bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
 	}
 	if (lb_least_conn(svc->sched)) {
-		__u32 *n = bpf_map_lookup_elem(&xvs_backend_held, &backend_id);
+		struct xvs_conn_counts *c = bpf_map_lookup_elem(&xvs_backend_held, &backend_id);
 
-		if (n) {
-			__sync_fetch_and_add(n, 1);
+		if (c) {
+			__sync_fetch_and_add(&c->active, 1);
 			flags |= XVS_CT_F_HELD;
 		}
 	}
@@ -336,7 +336,7 @@ static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res
 		/* The entry is about to be replaced by a new flow: count
 		 * what it still holds, give back its connection. */
 		stats_flush(e);
-		if (e->flags & XVS_CT_F_HELD)
+		if (e->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
 			ct_release(e);
 	}
 	if (!p->has_l4) {

@@ -69,18 +69,20 @@ static __always_inline bool lb_least_conn(__u8 sched)
 	       sched == XVS_SCHED_NQ;
 }
 
-/* Connections backend id holds: opened minus closed by the datapath, minus
- * expired ones the agent reaped. */
-static __always_inline __u32 lb_held(__u32 id)
+/* Backend id's connections as IPVS counts them: opened minus closed by
+ * the datapath, minus expired ones the agent reaped. */
+static __always_inline void lb_conns(__u32 id, __u32 *active, __u32 *inactive)
 {
-	__u32 *held = bpf_map_lookup_elem(&xvs_backend_held, &id);
-	__u32 *reaped = bpf_map_lookup_elem(&xvs_backend_reaped, &id);
-	__s32 n;
+	struct xvs_conn_counts *held = bpf_map_lookup_elem(&xvs_backend_held, &id);
+	struct xvs_conn_counts *reaped = bpf_map_lookup_elem(&xvs_backend_reaped, &id);
+	__s32 a = 0, i = 0;
 
-	if (!held)
-		return 0;
-	n = (__s32)(*held - (reaped ? *reaped : 0));
-	return n > 0 ? n : 0;
+	if (held) {
+		a = (__s32)(held->active - (reaped ? reaped->active : 0));
+		i = (__s32)(held->inactive - (reaped ? reaped->inactive : 0));
+	}
+	*active = a > 0 ? a : 0;
+	*inactive = i > 0 ? i : 0;
 }
 
 struct lb_scan {
@@ -93,10 +95,10 @@ struct lb_scan {
 };
 
 /* One step of the least-connection scan (bpf_loop callback): slot i + 1.
- * The overheads are IPVS's, with held connections as the count:
- *   lc: C;  wlc: C / W;  sed: (C + 1) / W;  nq: an idle backend at once,
- *   else sed. Ratios compare by cross-multiplication; weight 0 (quiesced)
- * never wins. */
+ * The overheads are IPVS's (A active, I inactive connections, W weight):
+ *   lc: A * 256 + I;  wlc: (A * 256 + I) / W;  sed: (A + 1) / W;
+ *   nq: an idle backend (A = 0) at once, else sed.
+ * Ratios compare by cross-multiplication; weight 0 (quiesced) never wins. */
 static long lb_scan_step(__u32 i, void *ctx)
 {
 	struct lb_scan *s = ctx;
@@ -112,14 +114,18 @@ static long lb_scan_step(__u32 i, void *ctx)
 	be = bpf_map_lookup_elem(&xvs_backends, &id);
 	if (!be || be->weight == 0)
 		return 0;
-	c = lb_held(id);
+	__u32 active, inactive;
+
+	lb_conns(id, &active, &inactive);
 	w = be->weight;
-	if (s->sched == XVS_SCHED_NQ && c == 0) {
+	if (s->sched == XVS_SCHED_NQ && active == 0) {
 		s->best_slot = i + 1;
 		return 1;
 	}
 	if (s->sched == XVS_SCHED_SED || s->sched == XVS_SCHED_NQ)
-		c++;
+		c = active + 1;
+	else
+		c = active * 256 + inactive;
 	if (s->best_slot == 0)
 		goto take;
 	if (s->sched == XVS_SCHED_LC) {

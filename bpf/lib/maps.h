@@ -73,15 +73,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_rr_cursors SEC(".maps");
 
-/* Least-connection schedulers: connections each backend holds, by backend
- * ID. The datapath adds one when it opens a flow and takes it back when the
- * flow closes; flows that expire silently are counted by the agent in
- * xvs_backend_reaped (its only writer), and a backend holds the
- * difference. */
+/* Least-connection schedulers: each backend's active and inactive
+ * connections, by backend ID. The datapath counts a flow active when it
+ * opens, moves it to inactive when it closes, and takes it back when a new
+ * flow replaces its entry; entries that expire are counted by the agent in
+ * xvs_backend_reaped (its only writer), and a backend has the difference. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct xvs_conn_counts);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_backend_held SEC(".maps");
@@ -89,7 +89,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct xvs_conn_counts);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_backend_reaped SEC(".maps");

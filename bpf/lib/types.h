@@ -134,9 +134,12 @@ enum xvs_ct_flags {
 	/* Source NAT applies: forward packets leave from snat_addr:snat_port,
 	 * replies are sent back to snat_addr:snat_port (the client). */
 	XVS_CT_F_SNAT = 1 << 5,
-	/* The flow holds one unit of its backend's active-connection count
-	 * (least-connection schedulers); released when it closes or expires. */
+	/* The flow counts as one of its backend's active connections
+	 * (least-connection schedulers) until it closes... */
 	XVS_CT_F_HELD = 1 << 6,
+	/* ...and then as an inactive one until its entry goes, as IPVS counts
+	 * connections in FIN_WAIT/TIME_WAIT. */
+	XVS_CT_F_INACTIVE = 1 << 7,
 };
 
 struct xvs_ct_entry {
@@ -222,6 +225,13 @@ struct xvs_vip_key {
 	__u8 addr[16];
 	__u8 family;
 	__u8 pad[3];
+};
+
+/* Connections of a backend as the least-connection schedulers count them
+ * (IPVS's activeconns and inactconns). */
+struct xvs_conn_counts {
+	__u32 active;
+	__u32 inactive;
 };
 
 /* Key of a scheduler table: one per (frontend, scope). */
