@@ -1,0 +1,631 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/kubeapi"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// kubeWorld is the single-node world with a real API server instead of a
+// manifest directory: the agent runs in the node namespace with
+// --kubeconfig, and the test writes Services, EndpointSlices and the Node
+// with client-go as the control plane would.
+type kubeWorld struct {
+	*singleNode
+	srv    *kubeapi.Server
+	client kubernetes.Interface
+	ctx    context.Context
+}
+
+const kubeNS = "demo"
+
+func newKubeWorld(t *testing.T) *kubeWorld {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, BPF); run them as root")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The demo VIP's /24 is the cluster's service range.
+	srv := kubeapi.StartT(t, kubeapi.Options{ServiceCIDRs: "172.30.0.0/24"})
+	s, err := newSingleNode("k", bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &kubeWorld{singleNode: s, srv: srv, client: srv.Client, ctx: context.Background()}
+	t.Cleanup(func() {
+		if t.Failed() && w.Agent != nil {
+			if log, err := os.ReadFile(w.Agent.Log); err == nil {
+				t.Logf("agent log:\n%s", log)
+			}
+		}
+		w.Close()
+	})
+	// The API server listens on the host's loopback; the agent lives in
+	// the node namespace. A forwarder listening on the same address inside
+	// the node namespace keeps the kubeconfig (and its certificate's
+	// 127.0.0.1 SAN) valid there.
+	if err := forwardIntoNS(t, w.Node.NS, srv.Port); err != nil {
+		t.Fatal(err)
+	}
+	w.create(t, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubeNS}})
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}}
+	w.create(t, node)
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: demoNodeIP.String()}}
+	if _, err := w.client.CoreV1().Nodes().UpdateStatus(w.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.create(t, webService("web", demoVIP, v1.ServiceTypeClusterIP))
+	w.create(t, webSlice("web", "web-1", demoPodIPs, "node"))
+	return w
+}
+
+// forwardIntoNS listens on 127.0.0.1:port inside ns and relays each
+// connection to 127.0.0.1:port of the test's own namespace.
+func forwardIntoNS(t *testing.T, ns *lab.NS, port int) error {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var ln net.Listener
+	if err := ns.Do(func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		return fmt.Errorf("forwarder in %s: %w", ns.Name, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					return // API server down: the agent sees a refused connection
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return nil
+}
+
+// create writes obj, retrying transport errors (a freshly started API
+// server on a loaded machine sometimes resets the first connections);
+// errors from the API itself fail the test at once.
+func (w *kubeWorld) create(t *testing.T, obj any) {
+	t.Helper()
+	var err error
+	for range 5 {
+		if err = w.tryCreate(t, obj); err == nil || apierrors.ReasonForError(err) != metav1.StatusReasonUnknown {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("create %T: %v", obj, err)
+	}
+}
+
+func (w *kubeWorld) tryCreate(t *testing.T, obj any) error {
+	var err error
+	switch o := obj.(type) {
+	case *v1.Namespace:
+		_, err = w.client.CoreV1().Namespaces().Create(w.ctx, o, metav1.CreateOptions{})
+	case *v1.Node:
+		var n *v1.Node
+		if n, err = w.client.CoreV1().Nodes().Create(w.ctx, o, metav1.CreateOptions{}); err == nil {
+			*o = *n
+		}
+	case *v1.Service:
+		var s *v1.Service
+		if s, err = w.client.CoreV1().Services(kubeNS).Create(w.ctx, o, metav1.CreateOptions{}); err == nil {
+			*o = *s
+		}
+	case *discoveryv1.EndpointSlice:
+		_, err = w.client.DiscoveryV1().EndpointSlices(kubeNS).Create(w.ctx, o, metav1.CreateOptions{})
+	default:
+		t.Fatalf("create %T", obj)
+	}
+	return err
+}
+
+func webService(name string, vip netip.Addr, typ v1.ServiceType) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kubeNS},
+		Spec: v1.ServiceSpec{
+			Type: typ, ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
+			Ports: []v1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(demoBackendPort), Protocol: v1.ProtocolTCP},
+				{Name: "dns", Port: 53, TargetPort: intstr.FromInt32(demoBackendPort), Protocol: v1.ProtocolUDP},
+			},
+		},
+	}
+}
+
+// webSlice is the EndpointSlice the EndpointSlice controller would write,
+// with the trigger-time annotation it sets (now).
+func webSlice(svc, name string, ips []netip.Addr, node string) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kubeNS,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: "test"},
+			Annotations: map[string]string{
+				v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptrTo("http"), Port: ptrTo(int32(demoBackendPort)), Protocol: ptrTo(v1.ProtocolTCP)},
+			{Name: ptrTo("dns"), Port: ptrTo(int32(demoBackendPort)), Protocol: ptrTo(v1.ProtocolUDP)},
+		},
+	}
+	for _, ip := range ips {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip.String()},
+			NodeName: ptrTo(node), Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}})
+	}
+	return es
+}
+
+// updateSlice replaces the slice's endpoints (fresh trigger time).
+func (w *kubeWorld) updateSlice(t *testing.T, svc, name string, ips []netip.Addr, node string) {
+	t.Helper()
+	cur, err := w.client.DiscoveryV1().EndpointSlices(kubeNS).Get(w.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := webSlice(svc, name, ips, node)
+	es.ResourceVersion = cur.ResourceVersion
+	if _, err := w.client.DiscoveryV1().EndpointSlices(kubeNS).Update(w.ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startKubeAgent runs `xvs agent --kubeconfig` in the node namespace.
+func (w *kubeWorld) startKubeAgent(t *testing.T, extra ...string) {
+	t.Helper()
+	args := append([]string{"agent", "--kubeconfig", w.srv.Kubeconfig, "--hostname-override", "node",
+		"--pin-path", w.PinPath}, extra...)
+	p, err := lab.Start(w.Node.NS, filepath.Join(w.Dir, "..", filepath.Base(w.Dir)+"-agent.log"), w.bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Agent = p
+}
+
+// vipBackends reads the pinned maps: the backends of vip:port/TCP, -1 when
+// the frontend is not programmed at all.
+func (w *kubeWorld) vipBackends(vip netip.Addr, port uint16) (int, error) {
+	m, err := maps.OpenPinned(w.PinPath)
+	if err != nil {
+		return -1, err
+	}
+	defer m.Close()
+	snap, err := m.Read(false)
+	if err != nil {
+		return -1, err
+	}
+	for _, sv := range snap.Services {
+		if sv.Address == netip.AddrPortFrom(vip, port) && sv.Protocol == "TCP" {
+			return len(sv.Backends), nil
+		}
+	}
+	return -1, nil
+}
+
+// waitBackends polls the maps every 2 ms until vip:port has want backends
+// and returns how long it took.
+func (w *kubeWorld) waitBackends(t *testing.T, vip netip.Addr, port uint16, want int, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		n, err := w.vipBackends(vip, port)
+		if err == nil && n == want {
+			return time.Since(start)
+		}
+		if ended, aerr := w.Agent.Exited(); ended {
+			t.Fatalf("agent exited: %v", aerr)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s:%d: %d backends after %v (err %v), want %d", vip, port, n, timeout, err, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// nsGet does an HTTP GET from inside ns (the agent's servers listen in the
+// node namespace; net/http would dial from the test's namespace).
+func nsGet(ns *lab.NS, url string) (int, http.Header, string, error) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := ns.Do(func() (err error) {
+				conn, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		}}}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b), err
+}
+
+func (w *kubeWorld) healthz(t *testing.T, path string) (int, map[string]any) {
+	t.Helper()
+	code, hdr, body, err := nsGet(w.Node.NS, "http://127.0.0.1:10256"+path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if hdr.Get("Content-Type") != "application/json" || hdr.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("%s headers %v", path, hdr)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatalf("%s body %q: %v", path, body, err)
+	}
+	return code, m
+}
+
+func (w *kubeWorld) metricsText(t *testing.T) string {
+	t.Helper()
+	code, _, body, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("/metrics: %d %v", code, err)
+	}
+	return body
+}
+
+// metricValue returns the value of the first sample line starting with
+// series (name and labels, exactly as exposed), or -1.
+func metricValue(body, series string) float64 {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`)
+	m := re.FindStringSubmatch(body)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// TestPrivAgentKubernetes: the agent against a real API server. Services
+// and EndpointSlices written with client-go reach the maps, real TCP and
+// UDP from a client namespace reach the right pods, EndpointSlice changes
+// are programmed in well under a second, kube-proxy's endpoints answer as
+// kube-proxy's do, the Starting Event is on the Node, and bad input gets a
+// Warning Event and a metric.
+func TestPrivAgentKubernetes(t *testing.T) {
+	w := newKubeWorld(t)
+	w.startKubeAgent(t)
+	w.waitBackends(t, demoVIP, 80, 3, 60*time.Second)
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	udp := netip.AddrPortFrom(demoVIP, 53)
+
+	t.Run("traffic", func(t *testing.T) {
+		for name, probe := range map[string]func() lab.Result{
+			"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) },
+			"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 2*time.Second) },
+		} {
+			got, err := spread(60, probe)
+			if err != nil || len(got) != 3 {
+				t.Fatalf("%s: 60 connections reached %v (%v), want all 3 pods", name, got, err)
+			}
+		}
+	})
+
+	t.Run("programming latency", func(t *testing.T) {
+		// Alternate 3 and 2 endpoints; each change must be in the maps
+		// well under a second after the API server accepted it. The
+		// changes are 150 ms apart, past minSyncPeriod (100 ms), so each
+		// measures one isolated change: API write, watch event, sync.
+		var took []time.Duration
+		for i := range 10 {
+			want := demoPodIPs[:2+i%2]
+			time.Sleep(150 * time.Millisecond)
+			start := time.Now()
+			w.updateSlice(t, "web", "web-1", want, "node")
+			w.waitBackends(t, demoVIP, 80, len(want), 5*time.Second)
+			took = append(took, time.Since(start))
+		}
+		slices.Sort(took)
+		t.Logf("EndpointSlice update -> maps: min %v, median %v, max %v (10 updates, API round trip included)",
+			took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+		if took[len(took)-1] > 500*time.Millisecond {
+			t.Fatalf("slowest change took %v; want well under a second", took[len(took)-1])
+		}
+		// The last state has 3 endpoints; connections spread over them.
+		if got, err := spread(30, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) }); err != nil || len(got) != 3 {
+			t.Fatalf("after the updates: %v %v", got, err)
+		}
+	})
+
+	t.Run("services", func(t *testing.T) {
+		// A second Service with one endpoint: only that pod answers.
+		apiVIP := netip.MustParseAddr("172.30.0.11")
+		w.create(t, webService("api", apiVIP, v1.ServiceTypeClusterIP))
+		w.create(t, webSlice("api", "api-1", demoPodIPs[1:2], "node"))
+		w.waitBackends(t, apiVIP, 80, 1, 5*time.Second)
+		for range 10 {
+			r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(apiVIP, 80), 2*time.Second)
+			if r.Verdict != lab.OK || r.Reply.Local != podAddr(1) {
+				t.Fatalf("api: %v, want pod2", r)
+			}
+		}
+		// Its slice deleted: no endpoints, connections are refused.
+		if err := w.client.DiscoveryV1().EndpointSlices(kubeNS).Delete(w.ctx, "api-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.waitBackends(t, apiVIP, 80, 0, 5*time.Second)
+		if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(apiVIP, 80), 2*time.Second); r.Verdict != lab.Refused {
+			t.Fatalf("api without endpoints: %v, want refused", r)
+		}
+		// The Service deleted: its frontend leaves the maps.
+		if err := w.client.CoreV1().Services(kubeNS).Delete(w.ctx, "api", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.waitBackends(t, apiVIP, 80, -1, 5*time.Second)
+		// Another proxy's Service is left alone.
+		other := webService("other", netip.MustParseAddr("172.30.0.13"), v1.ServiceTypeClusterIP)
+		other.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
+		w.create(t, other)
+		w.create(t, webSlice("other", "other-1", demoPodIPs, "node"))
+		time.Sleep(time.Second)
+		if n, _ := w.vipBackends(netip.MustParseAddr("172.30.0.13"), 80); n != -1 {
+			t.Fatalf("a Service labelled for another proxy was programmed (%d backends)", n)
+		}
+	})
+
+	t.Run("kube-proxy endpoints", func(t *testing.T) {
+		code, body := w.healthz(t, "/healthz")
+		if code != 200 || body["nodeEligible"] != true || body["lastUpdated"] == nil || body["currentTime"] == nil {
+			t.Fatalf("/healthz %d %v", code, body)
+		}
+		if code, body := w.healthz(t, "/livez"); code != 200 || body["lastUpdated"] == nil {
+			t.Fatalf("/livez %d %v", code, body)
+		}
+		if code, _, mode, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/proxyMode"); err != nil || code != 200 || mode != "ebpf" {
+			t.Fatalf("/proxyMode %d %q %v", code, mode, err)
+		}
+		m := w.metricsText(t)
+		if n := metricValue(m, `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`); n < 10 {
+			t.Errorf("network programming latency observed %v times, want >= 10", n)
+		}
+		if n := metricValue(m, `kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="1"}`); n < 10 {
+			t.Errorf("%v programming latencies under 1 s", n)
+		}
+		for _, series := range []string{
+			`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+			`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+			`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+			`kubeproxy_sync_proxy_rules_endpoint_changes_total`,
+			`kubeproxy_sync_proxy_rules_service_changes_total`,
+			`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+			`xvs_datapath_packets_total{verdict="forward_new"}`,
+		} {
+			if v := metricValue(m, series); v <= 0 {
+				t.Errorf("%s = %v", series, v)
+			}
+		}
+		if v := metricValue(m, `kubeproxy_proxy_healthz_total{code="200"}`); v < 1 {
+			t.Errorf("healthz counter %v", v)
+		}
+
+		// The autoscaler's taint makes the node ineligible: /healthz
+		// fails, /livez does not.
+		setTaint := func(on bool) {
+			n, err := w.client.CoreV1().Nodes().Get(w.ctx, "node", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Spec.Taints = nil
+			if on {
+				n.Spec.Taints = []v1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Effect: v1.TaintEffectNoSchedule}}
+			}
+			if _, err := w.client.CoreV1().Nodes().Update(w.ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitCode := func(want int) map[string]any {
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				code, body := w.healthz(t, "/healthz")
+				if code == want {
+					return body
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/healthz %d %v, want %d", code, body, want)
+				}
+			}
+		}
+		setTaint(true)
+		if body := waitCode(503); body["nodeEligible"] != false {
+			t.Fatalf("tainted node: %v", body)
+		}
+		if code, _ := w.healthz(t, "/livez"); code != 200 {
+			t.Fatalf("/livez %d on a tainted node", code)
+		}
+		setTaint(false)
+		waitCode(200)
+	})
+
+	t.Run("events", func(t *testing.T) {
+		waitEvent(t, w, "Node", "node", "Starting")
+		// An EndpointSlice without the kubernetes.io/service-name label
+		// belongs to no Service: a Warning Event on it and a metric.
+		orphan := webSlice("x", "orphan-1", demoPodIPs, "node")
+		delete(orphan.Labels, discoveryv1.LabelServiceName)
+		w.create(t, orphan)
+		ev := waitEvent(t, w, "EndpointSlice", "orphan-1", "XvsInvalidInput")
+		if ev.Type != v1.EventTypeWarning || !strings.Contains(ev.Note, "kubernetes.io/service-name") {
+			t.Errorf("orphan slice event: %s %q", ev.Type, ev.Note)
+		}
+		if v := metricValue(w.metricsText(t), `xvs_problems{kind="EndpointSlice"}`); v != 1 {
+			t.Errorf(`xvs_problems{kind="EndpointSlice"} = %v`, v)
+		}
+	})
+}
+
+type eventSummary struct{ Type, Note string }
+
+// waitEvent waits for an events.k8s.io Event with reason about the object
+// kind/name, from the xvs reporting controller.
+func waitEvent(t *testing.T, w *kubeWorld, kind, name, reason string) eventSummary {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		list, err := w.client.EventsV1().Events("").List(w.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.ReportingController == "xvs" {
+				t.Logf("%s event on %s/%s: %s %q (action %s, instance %s)", reason, kind, name, e.Type, e.Note, e.Action, e.ReportingInstance)
+				return eventSummary{e.Type, e.Note}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s Event on %s %s among %d events", reason, kind, name, len(list.Items))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPrivAgentHealthCheckNodePort: an externalTrafficPolicy=Local
+// LoadBalancer Service gets a health check server on its
+// healthCheckNodePort, reachable from a client on the node's address,
+// answering 200 with local endpoints and 503 without, with kube-proxy's
+// body and headers.
+func TestPrivAgentHealthCheckNodePort(t *testing.T) {
+	w := newKubeWorld(t)
+	lb := webService("lb", netip.MustParseAddr("172.30.0.12"), v1.ServiceTypeLoadBalancer)
+	lb.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	w.create(t, lb)
+	if lb.Spec.HealthCheckNodePort == 0 {
+		t.Fatal("API server allocated no healthCheckNodePort")
+	}
+	w.create(t, webSlice("lb", "lb-1", demoPodIPs[:2], "node"))
+	w.startKubeAgent(t)
+	w.waitBackends(t, netip.MustParseAddr("172.30.0.12"), 80, 2, 60*time.Second)
+
+	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(demoNodeIP, uint16(lb.Spec.HealthCheckNodePort)))
+	check := func(wantCode, wantLocal int) {
+		t.Helper()
+		var code int
+		var hdr http.Header
+		var body string
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if code, hdr, body, err = nsGet(w.Client, url); err == nil && code == wantCode {
+				break
+			}
+		}
+		if err != nil || code != wantCode {
+			t.Fatalf("GET %s from the client: %d %v %s, want %d", url, code, err, body, wantCode)
+		}
+		var got struct {
+			Service struct{ Namespace, Name string } `json:"service"`
+			LocalEndpoints      int                  `json:"localEndpoints"`
+			ServiceProxyHealthy bool                 `json:"serviceProxyHealthy"`
+		}
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatalf("body %q: %v", body, err)
+		}
+		if got.Service.Namespace != kubeNS || got.Service.Name != "lb" || got.LocalEndpoints != wantLocal || !got.ServiceProxyHealthy {
+			t.Fatalf("body %+v", got)
+		}
+		if hdr.Get("Content-Type") != "application/json" || hdr.Get("X-Content-Type-Options") != "nosniff" ||
+			hdr.Get("X-Load-Balancing-Endpoint-Weight") != strconv.Itoa(wantLocal) {
+			t.Fatalf("headers %v", hdr)
+		}
+	}
+	check(200, 2)
+	// The endpoints move to another node: 503, 0 local endpoints.
+	w.updateSlice(t, "lb", "lb-1", demoPodIPs[:2], "elsewhere")
+	check(503, 0)
+	w.updateSlice(t, "lb", "lb-1", demoPodIPs, "node")
+	check(200, 3)
+}
+
+// TestPrivAgentAPIServerOutage: with the API server stopped for 60 s the
+// datapath keeps serving its last state and /healthz stays 200 (nothing is
+// pending); when the server returns the agent's watches resume, and a
+// change made then is applied.
+func TestPrivAgentAPIServerOutage(t *testing.T) {
+	w := newKubeWorld(t)
+	w.startKubeAgent(t)
+	w.waitBackends(t, demoVIP, 80, 3, 60*time.Second)
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+
+	if err := w.srv.Stop(); err != nil {
+		// Stop reports a server that had to be killed; what matters here
+		// is that it is gone.
+		if w.srv.Running() {
+			t.Fatal(err)
+		}
+		t.Logf("stop: %v", err)
+	}
+	down := time.Now()
+	probes := 0
+	for time.Since(down) < 60*time.Second {
+		got, err := spread(6, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) })
+		if err != nil || len(got) < 2 {
+			t.Fatalf("%v into the outage: %v %v", time.Since(down).Round(time.Second), got, err)
+		}
+		probes += 6
+		if code, _ := w.healthz(t, "/healthz"); code != 200 {
+			t.Fatalf("/healthz %d during the outage with nothing pending", code)
+		}
+		if ended, err := w.Agent.Exited(); ended {
+			t.Fatalf("agent exited during the outage: %v", err)
+		}
+		time.Sleep(5 * time.Second)
+	}
+	t.Logf("%d connections through the datapath during a %v API server outage", probes, time.Since(down).Round(time.Second))
+
+	if err := w.srv.Restart(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	w.updateSlice(t, "web", "web-1", demoPodIPs[:1], "node")
+	took := w.waitBackends(t, demoVIP, 80, 1, 90*time.Second)
+	t.Logf("first change after the API server returned applied %v after the restart (%v after the update)",
+		time.Since(back).Round(time.Millisecond), took.Round(time.Millisecond))
+	for range 10 {
+		if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second); r.Verdict != lab.OK || r.Reply.Local != podAddr(0) {
+			t.Fatalf("after resync: %v, want pod1 only", r)
+		}
+	}
+	// Changes keep flowing at the usual speed once the watches are back.
+	start := time.Now()
+	w.updateSlice(t, "web", "web-1", demoPodIPs, "node")
+	w.waitBackends(t, demoVIP, 80, 3, 5*time.Second)
+	t.Logf("next change applied in %v", time.Since(start).Round(time.Millisecond))
+}
