@@ -551,9 +551,9 @@ func TestPrivAgentHealthCheckNodePort(t *testing.T) {
 			t.Fatalf("GET %s from the client: %d %v %s, want %d", url, code, err, body, wantCode)
 		}
 		var got struct {
-			Service struct{ Namespace, Name string } `json:"service"`
-			LocalEndpoints      int                  `json:"localEndpoints"`
-			ServiceProxyHealthy bool                 `json:"serviceProxyHealthy"`
+			Service             struct{ Namespace, Name string } `json:"service"`
+			LocalEndpoints      int                              `json:"localEndpoints"`
+			ServiceProxyHealthy bool                             `json:"serviceProxyHealthy"`
 		}
 		if err := json.Unmarshal([]byte(body), &got); err != nil {
 			t.Fatalf("body %q: %v", body, err)
