@@ -184,6 +184,9 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 		"--service-cluster-ip-range=" + cidrs,
 		"--token-auth-file=" + f.tokens,
 		"--authorization-mode=RBAC",
+		// As in every real cluster (kubeadm, kind): kube-proxy's and
+		// xvs's DaemonSets are privileged.
+		"--allow-privileged=true",
 		"--profiling=false",
 	}, opts.Args...)
 
