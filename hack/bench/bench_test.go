@@ -39,14 +39,14 @@ func TestPrivBenchTiny(t *testing.T) {
 		"### Conntrack hit", "### New flow", "### Goal", "## Control plane: full sync", "## Reproduce",
 		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet", "remote backend with SNAT",
 		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
-		"### First-packet latency", "### Time to program", "| 20 |", "never slower than iptables",
+		"### First-packet latency", "### Time to program", "### CPU time per new connection", "| 20 |", "never slower than iptables",
 		"## Control plane: the agent's pipeline", "| 50 | 500 |", "One EndpointSlice change to the maps at 50 Services",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
 	}
-	for _, png := range []string{"BENCHMARKS.png", "BENCHMARKS-traffic-cps.png", "BENCHMARKS-traffic-rr.png", "BENCHMARKS-traffic-latency.png", "BENCHMARKS-control.png"} {
+	for _, png := range []string{"BENCHMARKS.png", "BENCHMARKS-traffic-cps.png", "BENCHMARKS-traffic-rr.png", "BENCHMARKS-traffic-cpu.png", "BENCHMARKS-traffic-latency.png", "BENCHMARKS-control.png"} {
 		if fi, err := os.Stat(filepath.Join(filepath.Dir(out), png)); err != nil || fi.Size() == 0 {
 			t.Errorf("plot %s missing or empty: %v", png, err)
 		}

@@ -50,7 +50,29 @@ type loadResult struct {
 	Errors    int           // failed connects, sends or reads in the window
 	Window    time.Duration // measured time, warm-up excluded
 	P50, P99  time.Duration // connect() time (cps) or request round trip (rr)
-	FirstErr  string
+	// CPU is the benchmark process's user+system time over the window:
+	// the client, the servers and the kernel's forwarding and datapath
+	// work done in their context (softirqs run mostly in the sending
+	// task). Unlike the rate, other tenants of the machine do not add to it.
+	CPU      time.Duration
+	FirstErr string
+}
+
+// CPUPerOp is the process CPU time per completed connection or request.
+func (r loadResult) CPUPerOp() time.Duration {
+	if r.Completed == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.Completed)
+}
+
+// processCPU is the process's user+system time so far.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (r loadResult) Rate() float64 {
@@ -150,12 +172,12 @@ func runLoad(ctx context.Context, client netns.NsHandle, mode loadMode, targets 
 		}
 	}
 	err := timer(warmup)
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	if err == nil {
 		phase.Store(1)
 		err = timer(window)
 	}
-	res := loadResult{Window: time.Since(start)}
+	res := loadResult{Window: time.Since(start), CPU: processCPU() - cpu0}
 	phase.Store(2)
 	wg.Wait()
 	if err != nil {

@@ -418,8 +418,8 @@ func measureTraffic(ctx context.Context, opts Options) (_ []trafficResult, err e
 					cell.Program = took
 				}
 				cell.Runs = append(cell.Runs, run)
-				logf(opts.Log, "traffic %d services, round %d, %s: %.0f conn/s (connect p50 %v p99 %v, %d errors), %.0f req/s; programmed in %v",
-					n, round+1, d, run.CPS.Rate(), run.CPS.P50, run.CPS.P99, run.CPS.Errors+run.RR.Errors, run.RR.Rate(), took.Round(time.Millisecond))
+				logf(opts.Log, "traffic %d services, round %d, %s: %.0f conn/s (%v CPU each; connect p50 %v p99 %v; %d errors), %.0f req/s (%v CPU each); programmed in %v",
+					n, round+1, d, run.CPS.Rate(), run.CPS.CPUPerOp(), run.CPS.P50, run.CPS.P99, run.CPS.Errors+run.RR.Errors, run.RR.Rate(), run.RR.CPUPerOp(), took.Round(time.Millisecond))
 			}
 		}
 		results = append(results, res)
