@@ -83,10 +83,10 @@ type controlResult struct {
 	// build and sync, and over the sync alone: unlike wall time, other
 	// tenants of the machine do not add to them.
 	CPU, SyncCPU time.Duration
-	RSS      uint64        // VmRSS after the sync and a GC
-	HWM      uint64        // VmHWM: the peak resident set of the process
-	Heap     uint64        // live Go heap after the sync and a GC
-	Changes  []time.Duration
+	RSS          uint64 // VmRSS after the sync and a GC
+	HWM          uint64 // VmHWM: the peak resident set of the process
+	Heap         uint64 // live Go heap after the sync and a GC
+	Changes      []time.Duration
 }
 
 func (r controlResult) Total() time.Duration { return r.Handlers + r.Build + r.Sync }
