@@ -209,13 +209,44 @@ func (w *kubeWorld) updateSlice(t *testing.T, svc, name string, ips []netip.Addr
 // startKubeAgent runs `xvs agent --kubeconfig` in the node namespace.
 func (w *kubeWorld) startKubeAgent(t *testing.T, extra ...string) {
 	t.Helper()
-	args := append([]string{"agent", "--kubeconfig", w.srv.Kubeconfig, "--hostname-override", "node",
-		"--pin-path", w.PinPath}, extra...)
+	w.startAgentArgs(t, append([]string{"--kubeconfig", w.srv.Kubeconfig, "--hostname-override", "node"}, extra...)...)
+}
+
+// startAgentArgs runs `xvs agent --pin-path ... args` in the node namespace.
+func (w *kubeWorld) startAgentArgs(t *testing.T, args ...string) {
+	t.Helper()
+	args = append([]string{"agent", "--pin-path", w.PinPath}, args...)
 	p, err := lab.Start(w.Node.NS, filepath.Join(w.Dir, "..", filepath.Base(w.Dir)+"-agent.log"), w.bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.Agent = p
+}
+
+// agentPID finds the agent process by its unique --pin-path argument
+// (lab.Start runs it through nsenter, which execs it under its own PID).
+func (w *kubeWorld) agentPID(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) > 1 && args[1] == "agent" && slices.Contains(args, w.PinPath) {
+			return pid
+		}
+	}
+	t.Fatal("agent process not found")
+	return 0
 }
 
 // vipBackends reads the pinned maps: the backends of vip:port/TCP, -1 when
@@ -532,8 +563,35 @@ func TestPrivAgentHealthCheckNodePort(t *testing.T) {
 		t.Fatal("API server allocated no healthCheckNodePort")
 	}
 	w.create(t, webSlice("lb", "lb-1", demoPodIPs[:2], "node"))
-	w.startKubeAgent(t)
+	// This agent reads a KubeProxyConfiguration file, with a field xvs
+	// does not support and a feature gate it does not know.
+	cfg := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: `+w.srv.Kubeconfig+`}
+hostnameOverride: node
+oomScoreAdj: 500
+nftables: {masqueradeAll: true}
+featureGates: {SomeAlphaGate: true}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.startAgentArgs(t, "--config", cfg)
 	w.waitBackends(t, netip.MustParseAddr("172.30.0.12"), 80, 2, 60*time.Second)
+
+	m := w.metricsText(t)
+	for _, f := range []string{"nftables.masqueradeAll", "featureGates.SomeAlphaGate"} {
+		if v := metricValue(m, `xvs_config_unsupported_fields{field="`+f+`"}`); v != 1 {
+			t.Errorf("unsupported field %s: metric %v", f, v)
+		}
+	}
+	if log, _ := os.ReadFile(w.Agent.Log); !strings.Contains(string(log), "field=nftables.masqueradeAll") {
+		t.Errorf("agent log does not name the unsupported field:\n%s", log)
+	}
+	adj, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", w.agentPID(t)))
+	if err != nil || strings.TrimSpace(string(adj)) != "500" {
+		t.Errorf("oom_score_adj %q (%v), want 500 from oomScoreAdj", adj, err)
+	}
 
 	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(demoNodeIP, uint16(lb.Spec.HealthCheckNodePort)))
 	check := func(wantCode, wantLocal int) {
@@ -572,6 +630,20 @@ func TestPrivAgentHealthCheckNodePort(t *testing.T) {
 	check(503, 0)
 	w.updateSlice(t, "lb", "lb-1", demoPodIPs, "node")
 	check(200, 3)
+
+	// kube-proxy's --cleanup: the agent removes its datapath and exits.
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := lab.Run(w.Node.NS, w.bin, "agent", "--cleanup", "--pin-path", w.PinPath); err != nil {
+		t.Fatalf("agent --cleanup: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(w.PinPath); !os.IsNotExist(err) {
+		t.Fatalf("pins left after --cleanup: %v", err)
+	}
+	if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(netip.MustParseAddr("172.30.0.12"), 80), time.Second); r.Verdict == lab.OK {
+		t.Fatalf("VIP still served after --cleanup: %v", r)
+	}
 }
 
 // TestPrivAgentAPIServerOutage: with the API server stopped for 60 s the
