@@ -510,7 +510,7 @@ func TestRulesRender(t *testing.T) {
 		"elements = { 203.0.113.7 . tcp . 80 . 192.0.2.0/24, 203.0.113.7 . tcp . 80 . 203.0.113.7 }",
 		"10.244.0.2 . tcp . 8080 . 10.244.0.2",
 		"ip daddr . meta l4proto . th dport @cluster_ips ip saddr != @pod_cidrs meta mark set meta mark | 0x4000",
-		"type filter hook output priority dstnat;",
+		"type filter hook output priority -100;",
 		"meta mark & 0x4000 == 0x4000 counter masquerade",
 		"ct state new ip daddr @vips ip daddr . meta l4proto . th dport != @services counter reject",
 	} {

@@ -144,7 +144,7 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 		svc := fmt.Sprintf("%s daddr . meta l4proto . th dport", ip)
 		for _, chain := range []string{"mark_prerouting", "mark_output"} {
 			hook := strings.TrimPrefix(chain, "mark_")
-			fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s priority dstnat; policy accept;\n", chain, hook)
+			fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s priority -100; policy accept;\n", chain, hook)
 			fmt.Fprintf(&b, "\t\t%s @masq_external %s\n", svc, mark)
 			switch {
 			case st.MasqueradeAll:

@@ -37,8 +37,13 @@ GUEST_MODULES=(virtio_pci 9pnet_virtio 9p xfrm_user nfnetlink
 	xt_comment xt_addrtype xt_nat xt_tcpudp
 	ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_dh ip_vs_sh
 	ip_vs_sed ip_vs_nq ip_vs_mh ip_vs_fo ip_vs_ovf ip_vs_twos)
+# Module directories copied whole, so the kernel can autoload what a rule or
+# qdisc asks for (nft expressions, xtables matches, classifiers).
+GUEST_MODULE_DIRS=(net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/sched net/bridge)
 # Packages whose privileged tests run in the VM.
 VM_SUITES=${VM_SUITES:-./maps ./cmd/xvs ./ipvs}
+# The tests run of each suite (go test -run).
+VM_RUN=${VM_RUN:-^TestPriv}
 
 log() { echo "vm: $*" >&2; }
 die() { echo "vm: $*" >&2; exit 1; }
@@ -142,6 +147,11 @@ cmd_image() {
 			cp -n "$kdir/root$f" "$root$f"
 		done
 	done
+	for m in "${GUEST_MODULE_DIRS[@]}"; do
+		[ -d "$kdir/root/lib/modules/$kver/kernel/$m" ] || continue
+		mkdir -p "$root/lib/modules/$kver/kernel/$m"
+		cp -rn "$kdir/root/lib/modules/$kver/kernel/$m/." "$root/lib/modules/$kver/kernel/$m/"
+	done
 	# Newer Debian kernels compress modules; plain ones load without kmod's
 	# decompression fallback (and its "Invalid ELF header" noise).
 	find "$root/lib/modules" -name '*.ko.xz' -exec xz -d {} +
@@ -156,6 +166,8 @@ cmd_image() {
 	printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
 	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img.tmp"
 	mv "$img.tmp" "$img"
+	# Images of this kernel from older versions of the rig, unused for a day.
+	find "$CACHE/images" -name "$(basename "$kdir")-*.cpio.gz" ! -path "$img" -mmin +1440 -delete
 	echo "$img"
 }
 
@@ -235,7 +247,7 @@ cmd_test() {
 		name=$(echo "${pkg#./}" | tr / _)
 		log "go test -c $pkg"
 		(cd "$REPO" && CGO_ENABLED=0 go test -c -vet=off -o "$files/$name.test" "$pkg")
-		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '^TestPriv' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
+		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '$VM_RUN' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
 	done
 	script+="; exit \$fail"
 	VM_FILES=$files cmd_run "$kernel" --share "$REPO" -- "$script"
