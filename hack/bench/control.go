@@ -83,7 +83,10 @@ type controlResult struct {
 	// build and sync, and over the sync alone: unlike wall time, other
 	// tenants of the machine do not add to them.
 	CPU, SyncCPU time.Duration
-	RSS          uint64 // VmRSS after the sync and a GC
+	// ChangeBuild and ChangeSync split the changes' syncs into
+	// Tracker.Build and maps.Datapath.Sync.
+	ChangeBuild, ChangeSync []time.Duration
+	RSS                     uint64 // VmRSS right after the sync
 	HWM          uint64 // VmHWM: the peak resident set of the process
 	Heap         uint64 // live Go heap after the sync and a GC
 	Changes      []time.Duration
@@ -255,11 +258,15 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	defer cancel()
 	syncErr := make(chan error, 1)
 	r := runner.New(runner.Config{MinInterval: controlMinSync, MaxInterval: time.Hour}, func(ctx context.Context) error {
+		t0 := time.Now()
 		s := tracker.Build()
 		if !s.Changed && !s.Full {
 			return nil
 		}
+		t1 := time.Now()
 		err := dp.Sync(ctx, s.State)
+		// Read only after the changes, once this goroutine is idle.
+		res.ChangeBuild, res.ChangeSync = append(res.ChangeBuild, t1.Sub(t0)), append(res.ChangeSync, time.Since(t1))
 		if err != nil {
 			select {
 			case syncErr <- err:
@@ -268,7 +275,17 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 		}
 		return err
 	})
-	go r.Loop(rctx)
+	loopDone := make(chan struct{})
+	go func() {
+		r.Loop(rctx)
+		close(loopDone)
+	}()
+	// The runner's goroutine writes res's change splits: stop it before
+	// res is returned.
+	defer func() {
+		cancel()
+		<-loopDone
+	}()
 	for i := range changes {
 		// Alternately add an 11th endpoint to a Service and take it away:
 		// the head's endpoint count says when the change is in the maps.
@@ -411,8 +428,10 @@ func controlReport(opts Options, rs []controlResult, plots map[string]string) []
 	var s []time.Duration
 	if len(last.Changes) > 0 {
 		s = slices.Sorted(slices.Values(last.Changes))
-		fmt.Fprintf(&b, "**One EndpointSlice change to the maps at %d Services** (%d changes): p50 %v, p99 %v, max %v. Each change adds an 11th endpoint to one Service's slice or takes it away again, through `Tracker.OnEndpointSliceUpdate` (what the informer calls), the agent's bounded-frequency runner (min sync period %v; changes are spaced wider, so none waits for it), `Tracker.Build` and `maps.Datapath.Sync`; the clock stops when a lookup of the Service's head in the pinned services map shows the new endpoint count (polled every 100 µs). The API server's watch latency and the file source's re-reading of its directory are not in it.\n\n",
-			last.N, len(s), percentile(s, 0.5).Round(time.Microsecond*10), percentile(s, 0.99).Round(time.Microsecond*10), s[len(s)-1].Round(time.Microsecond*10), controlMinSync)
+		fmt.Fprintf(&b, "**One EndpointSlice change to the maps at %d Services** (%d changes): p50 %v, p99 %v, max %v; of which `Tracker.Build` p50 %v and `maps.Datapath.Sync` p50 %v. Each change adds an 11th endpoint to one Service's slice or takes it away again, through `Tracker.OnEndpointSliceUpdate` (what the informer calls), the agent's bounded-frequency runner (min sync period %v; changes are spaced wider, so none waits for it), `Tracker.Build` and `maps.Datapath.Sync`; the clock stops when a lookup of the Service's head in the pinned services map shows the new endpoint count (polled every 100 µs). The API server's watch latency and the file source's re-reading of its directory are not in it.\n\n",
+			last.N, len(s), percentile(s, 0.5).Round(time.Microsecond*10), percentile(s, 0.99).Round(time.Microsecond*10), s[len(s)-1].Round(time.Microsecond*10),
+			percentile(slices.Sorted(slices.Values(last.ChangeBuild)), 0.5).Round(time.Microsecond*10),
+			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.5).Round(time.Microsecond*10), controlMinSync)
 	}
 	fmt.Fprintf(&b, "### Goals\n\n| Goal | Measured | Met |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| full sync of %d Services x %d endpoints <= %v | wall %v (Datapath.Sync alone %v); CPU %v (Datapath.Sync alone %v) | wall %s, CPU %s |\n", last.N, backendsPerService, goalSyncTime,
