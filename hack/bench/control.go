@@ -87,9 +87,9 @@ type controlResult struct {
 	// Tracker.Build and maps.Datapath.Sync.
 	ChangeBuild, ChangeSync []time.Duration
 	RSS                     uint64 // VmRSS right after the sync
-	HWM          uint64 // VmHWM: the peak resident set of the process
-	Heap         uint64 // live Go heap after the sync and a GC
-	Changes      []time.Duration
+	HWM                     uint64 // VmHWM: the peak resident set of the process
+	Heap                    uint64 // live Go heap after the sync and a GC
+	Changes                 []time.Duration
 }
 
 func (r controlResult) Total() time.Duration { return r.Handlers + r.Build + r.Sync }
