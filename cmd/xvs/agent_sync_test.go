@@ -188,3 +188,41 @@ func TestSyncerBookkeeping(t *testing.T) {
 		t.Fatalf("local endpoints %v", hs.want)
 	}
 }
+
+// TestSyncerPeriodicFullSync: a sync with nothing changed is a no-op for
+// the datapath, except once syncPeriod has passed since the last full
+// sync: then everything is re-evaluated and re-applied (kube-proxy's
+// periodic full resync), which repairs a datapath changed behind xvs's back.
+func TestSyncerPeriodicFullSync(t *testing.T) {
+	cfg := controller.Config{NodeName: "n1"}
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := &recordingDatapath{}
+	m := xmetrics.New()
+	s := newSyncer(syncerConfig{log: slog.New(slog.NewTextHandler(io.Discard, nil)), tracker: tr, dp: dp, metrics: m,
+		syncPeriod: 200 * time.Millisecond, ccfg: cfg})
+	s.svcHealth = &recordingHealthServers{}
+	tr.OnServiceAdd(lbService(false))
+	for range 3 {
+		if err := s.sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(dp.states) != 1 {
+		t.Fatalf("datapath synced %d times for one change", len(dp.states))
+	}
+	time.Sleep(250 * time.Millisecond)
+	if err := s.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.states) != 2 {
+		t.Fatalf("no full resync after syncPeriod (%d datapath syncs)", len(dp.states))
+	}
+	out, err := testutil.CollectAndFormat(m.SyncFullProxyRulesLatency, expfmt.TypeTextPlain,
+		"kubeproxy_sync_full_proxy_rules_duration_seconds")
+	if err != nil || !strings.Contains(string(out), `kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2`) {
+		t.Fatalf("want 2 full syncs observed (%v):\n%s", err, out)
+	}
+}
