@@ -1,10 +1,13 @@
 package kubeapi
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -182,3 +185,62 @@ func TestAPIServerIdentities(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+const childEnv = "XVS_KUBEAPI_TEST_CHILD"
+
+// TestAPIServerDiesWithTestProcess: a test binary killed with SIGKILL (a
+// timeout, a crash) leaves no API server behind. The test re-runs itself
+// as the child that starts the server.
+func TestAPIServerDiesWithTestProcess(t *testing.T) {
+	if os.Getenv(childEnv) == "1" {
+		runChild(t)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAPIServerDiesWithTestProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	var dir string
+	sc := bufio.NewScanner(stdout)
+	var out strings.Builder
+	for pid == 0 && sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		fmt.Sscanf(sc.Text(), "CHILD-SERVER %d %s", &pid, &dir)
+	}
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if pid == 0 {
+		t.Fatalf("the child started no server:\n%s%s", out.String(), stderr.String())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL) // by PID: the server this test started
+			t.Fatalf("kube-apiserver (pid %d) outlived its killed test process by 10s", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func runChild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("CHILD-SERVER %d %s\n", srv.PID(), srv.Dir)
+	time.Sleep(time.Minute) // killed by the parent before this ends
+	srv.Close()
+}

@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -105,10 +106,12 @@ func StartT(t testing.TB, opts Options) *Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+	begin := time.Now()
 	s, err := Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("kube-apiserver: %v", err)
 	}
+	t.Logf("kube-apiserver %s ready in %v (pid %d, dir %s)", s.URL, time.Since(begin).Round(time.Millisecond), s.PID(), s.Dir)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("kube-apiserver log tail (%s):\n%s", s.Log, s.LogTail(4096))
@@ -227,24 +230,36 @@ func (s *Server) start(ctx context.Context) error {
 	fmt.Fprintf(out, "==== xvs: start %s at %s\n", s.bin, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	// Its own process group, and killed if the test process dies first.
+	// Its own process group, and SIGKILL when the test process dies first,
+	// however it dies. The kernel sends the parent-death signal when the
+	// thread that forked exits (a goroutine ending while locked to its
+	// thread, as namespace helpers do, ends that thread), so the fork
+	// happens on a goroutine that holds its thread until the child exits.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return fmt.Errorf("start %s: %w", s.bin, err)
-	}
 	done := make(chan struct{})
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			out.Close()
+			started <- err
+			return
+		}
+		started <- nil
 		err := cmd.Wait()
+		runtime.UnlockOSThread()
 		out.Close()
 		s.mu.Lock()
 		s.werr = err
 		s.mu.Unlock()
 		close(done)
 	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("start %s: %w", s.bin, err)
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
 	if err := s.waitReady(ctx, done); err != nil {
 		s.Stop()
 		return fmt.Errorf("%w\nlog tail (%s):\n%s", err, s.Log, s.LogTail(4096))
