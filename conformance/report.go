@@ -89,11 +89,15 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 
 	b.WriteString("## Summary\n\n| mode | kernel | build | date | duration | scenarios pass / fail / error / malformed / skip | probes passed | probes failed |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
+		build := r.Build
+		if build == "" {
+			build = "unknown"
+		}
 		c := map[string]int{}
 		for _, s := range r.Scenarios {
 			c[s.Status]++
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, r.Build,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, build,
 			r.Started.Format("2006-01-02 15:04 UTC"), time.Duration(r.Duration).Round(time.Second),
 			c[StatusPass], c[StatusFail], c[StatusError], c[StatusMalformed], c[StatusSkip], r.Passed, r.Failed)
 	}
