@@ -79,6 +79,11 @@ type Options struct {
 	Traffic TrafficOptions
 	// Control shapes the control-plane figures (no sizes: skipped).
 	Control ControlOptions
+	// VM shapes the IPVS comparison in the VM rig (no kernel: skipped).
+	VM VMOptions
+	// GuestJSON is set inside the VM guest: only the traffic benchmark
+	// runs, and its results go to this file.
+	GuestJSON string
 }
 
 func (o Options) validate() error {
@@ -95,7 +100,7 @@ func (o Options) validate() error {
 			return fmt.Errorf("size %d is outside 1..%d", n, maxServices)
 		}
 	}
-	return errors.Join(o.Traffic.validate(), o.Control.validate())
+	return errors.Join(o.Traffic.validate(), o.Control.validate(), o.VM.validate())
 }
 
 // benchCase is what the timed packets exercise, and where they go.
@@ -184,6 +189,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
+	vm, err := measureVM(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("vm: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(opts.Out), 0o755); err != nil {
 		return err
 	}
@@ -204,6 +213,15 @@ func Run(ctx context.Context, opts Options) error {
 	r := report(opts, cfg, results, sched, xdp, filepath.Base(png))
 	r = append(r, trafficReport(opts, traffic, plots)...)
 	r = append(r, controlReport(opts, control, plots)...)
+	if vm != nil {
+		p := base + "-vm.png"
+		if err := linePlot(p, "VM (emulated): new TCP connections per second", "connections / s", vm.Results[0].N, vm.Results[len(vm.Results)-1].N,
+			perDatapath(vm.Results, cps, 1, "")); err != nil {
+			return fmt.Errorf("vm plot: %w", err)
+		}
+		plots["vm"] = filepath.Base(p)
+	}
+	r = append(r, vmReport(opts, vm, plots)...)
 	r = append(r, reproduce()...)
 	return os.WriteFile(opts.Out, r, 0o644)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,9 +23,15 @@ func TestPrivBenchTiny(t *testing.T) {
 		t.Fatal("this test loads BPF programs and needs root (CAP_BPF, CAP_NET_ADMIN); run it as root")
 	}
 	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	// The agent datapath runs the real binary.
+	bin := filepath.Join(t.TempDir(), "xvs")
+	if b, err := exec.Command("go", "build", "-o", bin, "../../cmd/xvs").CombinedOutput(); err != nil {
+		t.Fatalf("build xvs: %v: %s", err, b)
+	}
 	opts := Options{
 		Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go test ./hack/bench/", Log: testLog{t},
-		Traffic: TrafficOptions{Sizes: []int{1, 20}, RulesMax: 20, Rounds: 1, Workers: 2, Warmup: 50 * time.Millisecond, Window: 200 * time.Millisecond},
+		Traffic: TrafficOptions{Sizes: []int{1, 20}, RulesMax: 20, Rounds: 1, Workers: 2, Warmup: 50 * time.Millisecond, Window: 200 * time.Millisecond,
+			Datapaths: []datapath{dpFloor, dpXvs, dpNftables, dpIptables, dpAgentEBPF}, XvsBin: bin},
 		Control: ControlOptions{Sizes: []int{10, 50}, Changes: 4},
 	}
 	if err := Run(context.Background(), opts); err != nil {
@@ -39,7 +46,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		"### Conntrack hit", "### New flow", "### Goal", "## Control plane: full sync", "## Reproduce",
 		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet", "remote backend with SNAT",
 		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
-		"### First-packet latency", "### Time to program", "### CPU time per new connection", "| 20 |", "never slower than iptables",
+		"### First-packet latency", "### Time to program", "### CPU time per new connection", "xvs agent, ebpf mode", "agent-ebpf / floor", "| 20 |", "never slower than iptables",
 		"## Control plane: the agent's pipeline", "| 50 | 500 |", "One EndpointSlice change to the maps at 50 Services",
 	} {
 		if !strings.Contains(string(report), want) {
@@ -130,6 +137,8 @@ func TestBenchOptionsValidate(t *testing.T) {
 		{Out: "x.md", Sizes: []int{1}, Samples: 0},
 		{Out: "x.md", Sizes: []int{1}, Samples: 1, Traffic: TrafficOptions{Sizes: []int{1}}},
 		{Out: "x.md", Sizes: []int{1}, Samples: 1, Control: ControlOptions{Sizes: []int{1}}},
+		{Out: "x.md", Sizes: []int{1}, Samples: 1, Traffic: TrafficOptions{Sizes: []int{1}, Rounds: 1, Workers: 1, Window: 1, Datapaths: []datapath{dpXvs}}},
+		{Out: "x.md", Sizes: []int{1}, Samples: 1, VM: VMOptions{Kernel: "6.12"}},
 	} {
 		if err := Run(context.Background(), o); err == nil {
 			t.Errorf("Run(%+v) accepted bad options", o)

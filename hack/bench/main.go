@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +39,13 @@ func main() {
 	// deferred cleanup of the pin paths still runs.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if opts.GuestJSON != "" {
+		if err := guestMain(ctx, opts, opts.GuestJSON); err != nil {
+			fmt.Fprintln(os.Stderr, "bench (guest):", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := Run(ctx, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -60,6 +68,14 @@ func parseFlags(args []string) (Options, error) {
 	controlSizes := fs.String("control-sizes", "1000,10000,50000,100000", "numbers of Services for the control-plane figures (empty: skip them)")
 	changes := fs.Int("changes", 200, "EndpointSlice changes timed at the largest control size")
 	cpuprofile := fs.String("control-cpuprofile", "", "write a CPU profile of the largest control-plane child")
+	datapaths := fs.String("datapaths", "floor,xvs,nftables,iptables", "real-traffic datapaths: floor, xvs, nftables, iptables, agent-ebpf, agent-ipvs")
+	xvsBin := fs.String("xvs-bin", "", "the xvs binary the agent datapaths run")
+	warmup := fs.Duration("warmup", 0, "warm-up before each real-traffic run (default: a sixth of -window)")
+	guestJSON := fs.String("guest-json", "", "run only the real-traffic benchmark and write its results as JSON here (the VM guest's mode)")
+	vmKernel := fs.String("vm", "6.12", "Debian kernel series for the IPVS comparison in the VM rig (empty: skip it)")
+	vmSizes := fs.String("vm-traffic-sizes", "1,1000", "numbers of Services for the VM comparison")
+	vmRounds := fs.Int("vm-rounds", 3, "rounds of the VM comparison")
+	vmWindow := fs.Duration("vm-window", 2*time.Second, "measured time of each run in the VM")
 	if err := fs.Parse(args); err != nil {
 		return Options{}, err
 	}
@@ -70,6 +86,17 @@ func parseFlags(args []string) (Options, error) {
 	cs, err := parseOptSizes(*controlSizes)
 	if err != nil {
 		return Options{}, fmt.Errorf("-control-sizes: %w", err)
+	}
+	vs, err := parseOptSizes(*vmSizes)
+	if err != nil {
+		return Options{}, fmt.Errorf("-vm-traffic-sizes: %w", err)
+	}
+	dps, err := parseDatapaths(*datapaths)
+	if err != nil {
+		return Options{}, fmt.Errorf("-datapaths: %w", err)
+	}
+	if *warmup == 0 {
+		*warmup = *window / 6
 	}
 	if fs.NArg() > 0 {
 		return Options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -84,8 +111,12 @@ func parseFlags(args []string) (Options, error) {
 		Samples: *samples,
 		Command: strings.TrimSpace("go run ./hack/bench " + strings.Join(args, " ")),
 		Log:     os.Stderr,
-		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *window / 6, Window: *window},
+		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *warmup, Window: *window,
+			Datapaths: dps, XvsBin: *xvsBin},
 		Control: ControlOptions{Sizes: cs, Changes: *changes, Profile: *cpuprofile},
+		VM: VMOptions{Kernel: *vmKernel, Traffic: TrafficOptions{Sizes: vs, RulesMax: slices.Max(append(vs, 1)), Rounds: *vmRounds,
+			Workers: *workers, Warmup: *vmWindow / 4, Window: *vmWindow}},
+		GuestJSON: *guestJSON,
 	}, nil
 }
 

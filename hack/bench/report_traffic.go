@@ -167,6 +167,36 @@ func joinAddrs[T fmt.Stringer](as []T) string {
 	return strings.Join(s, ", ")
 }
 
+// present lists the datapaths measured at some size, in enum order.
+func present(rs []trafficResult) []datapath {
+	var out []datapath
+	for d := range numDatapaths {
+		if slices.ContainsFunc(rs, func(r trafficResult) bool { return r.Cells[d] != nil }) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// ratioPairs are the comparisons a table shows: every datapath against
+// the floor, then xvs against the rule-based datapaths.
+func ratioPairs(ds []datapath) [][2]datapath {
+	var out [][2]datapath
+	for _, d := range ds {
+		if d != dpFloor {
+			out = append(out, [2]datapath{d, dpFloor})
+		}
+	}
+	for _, x := range []datapath{dpXvs, dpAgentEBPF} {
+		for _, o := range []datapath{dpNftables, dpIptables, dpAgentIPVS} {
+			if slices.Contains(ds, x) && slices.Contains(ds, o) {
+				out = append(out, [2]datapath{x, o})
+			}
+		}
+	}
+	return out
+}
+
 func writeMetricTable(b *bytes.Buffer, title, unit, format string, scale float64, rs []trafficResult, m metric) {
 	fmt.Fprintf(b, "### %s\n\n", title)
 	inv := ""
@@ -174,15 +204,19 @@ func writeMetricTable(b *bytes.Buffer, title, unit, format string, scale float64
 		inv = " (inverted: the second's cost over the first's)"
 	}
 	fmt.Fprintf(b, "Median %s over the rounds; ratios%s are medians of same-round ratios.\n\n", unit, inv)
+	ds := present(rs)
+	pairs := ratioPairs(ds)
 	fmt.Fprintf(b, "| Services |")
-	for d := range numDatapaths {
+	for _, d := range ds {
 		fmt.Fprintf(b, " %s |", d)
 	}
-	fmt.Fprintf(b, " xvs / floor | nftables / floor | iptables / floor | xvs / nftables | xvs / iptables |\n|---:|")
-	fmt.Fprintf(b, "%s\n", strings.Repeat("---:|", int(numDatapaths)+5))
+	for _, p := range pairs {
+		fmt.Fprintf(b, " %s / %s |", p[0].short(), p[1].short())
+	}
+	fmt.Fprintf(b, "\n|---:|%s\n", strings.Repeat("---:|", len(ds)+len(pairs)))
 	for _, r := range rs {
 		fmt.Fprintf(b, "| %d |", r.N)
-		for d := range numDatapaths {
+		for _, d := range ds {
 			v := cellMedian(r.Cells[d], m.f)
 			if v == 0 {
 				fmt.Fprintf(b, " – |")
@@ -190,7 +224,7 @@ func writeMetricTable(b *bytes.Buffer, title, unit, format string, scale float64
 				fmt.Fprintf(b, " "+format+" |", v/scale)
 			}
 		}
-		for _, p := range [][2]datapath{{dpXvs, dpFloor}, {dpNftables, dpFloor}, {dpIptables, dpFloor}, {dpXvs, dpNftables}, {dpXvs, dpIptables}} {
+		for _, p := range pairs {
 			fmt.Fprintf(b, " %s |", fmtRatio(m.ratio(r.Cells[p[0]], r.Cells[p[1]])))
 		}
 		fmt.Fprintln(b)
@@ -225,14 +259,15 @@ func fmtUS(v float64) string {
 func writeLatencyTable(b *bytes.Buffer, rs []trafficResult) {
 	fmt.Fprintf(b, "### First-packet latency: connect() time (µs)\n\n")
 	fmt.Fprintf(b, "p50 / p99 of every connection of the connections-per-second run, median over the rounds. Under full load, so queueing on the two shared cores is part of it.\n\n")
+	ds := present(rs)
 	fmt.Fprintf(b, "| Services |")
-	for d := range numDatapaths {
+	for _, d := range ds {
 		fmt.Fprintf(b, " %s p50 | %s p99 |", d.short(), d.short())
 	}
-	fmt.Fprintf(b, "\n|---:|%s\n", strings.Repeat("---:|", 2*int(numDatapaths)))
+	fmt.Fprintf(b, "\n|---:|%s\n", strings.Repeat("---:|", 2*len(ds)))
 	for _, r := range rs {
 		fmt.Fprintf(b, "| %d |", r.N)
-		for d := range numDatapaths {
+		for _, d := range ds {
 			fmt.Fprintf(b, " %s | %s |", fmtUS(cellMedian(r.Cells[d], p50)), fmtUS(cellMedian(r.Cells[d], p99)))
 		}
 		fmt.Fprintln(b)
@@ -242,11 +277,16 @@ func writeLatencyTable(b *bytes.Buffer, rs []trafficResult) {
 
 func writeProgramTable(b *bytes.Buffer, rs []trafficResult) {
 	fmt.Fprintf(b, "### Time to program N Services (3 endpoints each)\n\n")
-	fmt.Fprintf(b, "First round; xvs: one `maps.Datapath.Sync` into empty maps; nftables: `nft -f` of the whole rule set; iptables: `iptables-restore` of the whole rule set. Rule rendering is not counted.\n\n")
-	fmt.Fprintf(b, "| Services | xvs | nftables | iptables |\n|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "First round; xvs: one `maps.Datapath.Sync` into empty maps; nftables: `nft -f` of the whole rule set; iptables: `iptables-restore` of the whole rule set (rule rendering not counted); agent: from the agent's start to the last Service answering (reading the manifests, translating, programming).\n\n")
+	ds := slices.DeleteFunc(present(rs), func(d datapath) bool { return d == dpFloor })
+	fmt.Fprintf(b, "| Services |")
+	for _, d := range ds {
+		fmt.Fprintf(b, " %s |", d)
+	}
+	fmt.Fprintf(b, "\n|---:|%s\n", strings.Repeat("---:|", len(ds)))
 	for _, r := range rs {
 		fmt.Fprintf(b, "| %d |", r.N)
-		for _, d := range []datapath{dpXvs, dpNftables, dpIptables} {
+		for _, d := range ds {
 			if c := r.Cells[d]; c != nil {
 				fmt.Fprintf(b, " %v |", c.Program.Round(time.Millisecond/10))
 			} else {
@@ -313,19 +353,7 @@ func writeTrafficPlots(base string, rs []trafficResult) (map[string]string, erro
 		lines              func() []any
 	}
 	perDP := func(f func(trafficRun) float64, scale float64, suffix string) []any {
-		var out []any
-		for d := range numDatapaths {
-			var xy plotter.XYs
-			for _, r := range rs {
-				if c := r.Cells[d]; c != nil {
-					xy = append(xy, plotter.XY{X: float64(r.N), Y: cellMedian(c, f) / scale})
-				}
-			}
-			if len(xy) > 0 {
-				out = append(out, d.String()+suffix, xy)
-			}
-		}
-		return out
+		return perDatapath(rs, f, scale, suffix)
 	}
 	for _, s := range []spec{
 		{"cps", "New TCP connections per second through the node (median)", "connections / s", func() []any { return perDP(cps, 1, "") }},
@@ -342,6 +370,23 @@ func writeTrafficPlots(base string, rs []trafficResult) (map[string]string, erro
 		plots[s.key] = filepath.Base(path)
 	}
 	return plots, nil
+}
+
+// perDatapath is one plot line per datapath: the median of f against N.
+func perDatapath(rs []trafficResult, f func(trafficRun) float64, scale float64, suffix string) []any {
+	var out []any
+	for _, d := range present(rs) {
+		var xy plotter.XYs
+		for _, r := range rs {
+			if c := r.Cells[d]; c != nil {
+				xy = append(xy, plotter.XY{X: float64(r.N), Y: cellMedian(c, f) / scale})
+			}
+		}
+		if len(xy) > 0 {
+			out = append(out, d.String()+suffix, xy)
+		}
+	}
+	return out
 }
 
 // linePlot draws figure-against-N lines on a log x axis and a zero-based y

@@ -46,18 +46,52 @@ const (
 type datapath int
 
 const (
-	dpFloor    datapath = iota // no proxy: the client connects to the pod addresses
-	dpXvs                      // xvs's tc program on the node's interfaces
-	dpNftables                 // kube-proxy's nftables rules in the node
-	dpIptables                 // kube-proxy's iptables rules in the node
+	dpFloor     datapath = iota // no proxy: the client connects to the pod addresses
+	dpXvs                       // xvs's tc program on the node's interfaces
+	dpNftables                  // kube-proxy's nftables rules in the node
+	dpIptables                  // kube-proxy's iptables rules in the node
+	dpAgentEBPF                 // the xvs agent binary in ebpf mode (file source)
+	dpAgentIPVS                 // the xvs agent binary in ipvs mode (file source; needs kernel IPVS)
 	numDatapaths
 )
 
 func (d datapath) String() string {
-	return [...]string{"no proxy (floor)", "xvs (tc)", "nftables", "iptables"}[d]
+	return [...]string{"no proxy (floor)", "xvs (tc)", "nftables", "iptables", "xvs agent, ebpf mode", "xvs agent, ipvs mode"}[d]
 }
 
-func (d datapath) short() string { return [...]string{"floor", "xvs", "nftables", "iptables"}[d] }
+func (d datapath) short() string {
+	return [...]string{"floor", "xvs", "nftables", "iptables", "agent-ebpf", "agent-ipvs"}[d]
+}
+
+// defaultDatapaths run on the host; the agent datapaths are for the VM,
+// where kernel IPVS exists.
+var defaultDatapaths = []datapath{dpFloor, dpXvs, dpNftables, dpIptables}
+
+// parseDatapaths reads a comma-separated list of short names.
+func parseDatapaths(s string) ([]datapath, error) {
+	var out []datapath
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		i := slices.IndexFunc(allDatapaths(), func(d datapath) bool { return d.short() == f })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown datapath %q (want floor, xvs, nftables, iptables, agent-ebpf, agent-ipvs)", f)
+		}
+		out = append(out, datapath(i))
+	}
+	return out, nil
+}
+
+func allDatapaths() []datapath {
+	var out []datapath
+	for d := range numDatapaths {
+		out = append(out, d)
+	}
+	return out
+}
+
+// rules says whether d is programmed with rules whose cost grows with N,
+// and so runs only up to RulesMax.
+func (d datapath) rules() bool { return d == dpNftables || d == dpIptables || d == dpAgentIPVS }
 
 // TrafficOptions shape the real-traffic part of a run.
 type TrafficOptions struct {
@@ -73,6 +107,18 @@ type TrafficOptions struct {
 	Workers int
 	Warmup  time.Duration
 	Window  time.Duration // measured time of each cps and rr run
+	// Datapaths to compare (default defaultDatapaths); the floor must be
+	// one of them.
+	Datapaths []datapath
+	// XvsBin is the xvs binary the agent datapaths run.
+	XvsBin string
+}
+
+func (o TrafficOptions) datapaths() []datapath {
+	if len(o.Datapaths) == 0 {
+		return defaultDatapaths
+	}
+	return o.Datapaths
 }
 
 func (o TrafficOptions) validate() error {
@@ -83,6 +129,9 @@ func (o TrafficOptions) validate() error {
 	}
 	if len(o.Sizes) > 0 && (o.Rounds < 1 || o.Workers < 1 || o.Window <= 0 || o.Warmup < 0) {
 		return fmt.Errorf("traffic: rounds, workers and window must be positive (%+v)", o)
+	}
+	if len(o.Sizes) > 0 && !slices.Contains(o.datapaths(), dpFloor) {
+		return errors.New("traffic: the datapaths must include the floor")
 	}
 	return nil
 }
@@ -207,7 +256,7 @@ func targets(d datapath, n int) []netip.AddrPort {
 
 // install programs n Services with datapath d and returns how long that
 // took, and the function that removes it again.
-func (w *trafficWorld) install(ctx context.Context, d datapath, n, maxN int) (time.Duration, func() error, error) {
+func (w *trafficWorld) install(ctx context.Context, d datapath, n, maxN int, bin string) (time.Duration, func() error, error) {
 	switch d {
 	case dpFloor:
 		return 0, func() error { return nil }, nil
@@ -217,6 +266,8 @@ func (w *trafficWorld) install(ctx context.Context, d datapath, n, maxN int) (ti
 		return w.installRules(n, nftablesRules(trafficServices(n)), "nft", "-f")
 	case dpIptables:
 		return w.installRules(n, iptablesRules(trafficServices(n)), "iptables-restore")
+	case dpAgentEBPF, dpAgentIPVS:
+		return w.installAgent(ctx, d, n, bin)
 	}
 	return 0, nil, fmt.Errorf("unknown datapath %d", d)
 }
@@ -398,14 +449,14 @@ func measureTraffic(ctx context.Context, opts Options) (_ []trafficResult, err e
 	var results []trafficResult
 	for _, n := range sizes {
 		res := trafficResult{N: n}
-		for d := range numDatapaths {
-			if (d == dpNftables || d == dpIptables) && n > to.RulesMax {
+		for _, d := range to.datapaths() {
+			if d.rules() && n > to.RulesMax {
 				continue
 			}
 			res.Cells[d] = &trafficCell{}
 		}
 		for round := range to.Rounds {
-			for d := range numDatapaths {
+			for _, d := range to.datapaths() {
 				cell := res.Cells[d]
 				if cell == nil {
 					continue
@@ -432,7 +483,7 @@ func (w *trafficWorld) measureOne(ctx context.Context, d datapath, n, maxN int, 
 	if err := w.flushConntrack(); err != nil {
 		return run, 0, err
 	}
-	took, remove, err := w.install(ctx, d, n, maxN)
+	took, remove, err := w.install(ctx, d, n, maxN, to.XvsBin)
 	if err != nil {
 		return run, 0, err
 	}
