@@ -247,6 +247,10 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 
 	if kube != nil {
 		if err := kube.startInformers(ctx, tracker, c.ConfigSyncPeriod.Duration, o.ServiceProxyName, s.onEvent); err != nil {
+			if ctx.Err() != nil { // stopped while waiting for the API server
+				log.Info("xvs agent stopping before the first sync; the datapath stays in place")
+				return nil
+			}
 			return err
 		}
 		kube.birthCry(string(c.Mode))
