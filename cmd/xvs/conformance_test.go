@@ -1,16 +1,21 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/xvs-lb/xvs/conformance"
+	"github.com/xvs-lb/xvs/lab"
 )
 
 // runCorpus runs dir through the conformance runner with this test binary
@@ -230,4 +235,93 @@ func TestPrivConformanceBreakRevNAT(t *testing.T) {
 			t.Errorf("%s: pass=%v without reverse NAT, want %v", k, broken[k], !needs)
 		}
 	}
+}
+
+// TestPrivConformanceCrashCleanup: a runner killed with SIGKILL in the
+// middle of a scenario takes its agent with it (parent-death signal), and
+// the next run's CleanupStale removes the namespaces, pins and object
+// directory it left behind.
+func TestPrivConformanceCrashCleanup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("conformance tests need root (network namespaces, BPF); run them as root")
+	}
+	dir := t.TempDir()
+	sc := strings.Replace(freshScenario, "name: outsider-written", "name: crash-me", 1)
+	sc = strings.Replace(sc, "  - hold: {name: session", "  - sleep: 60s\n  - hold: {name: session", 1)
+	if err := os.WriteFile(filepath.Join(dir, "crash.yaml"), []byte(sc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "conformance", "run", dir, "--mode", "ebpf")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// The first probe line means the world is built and the agent runs;
+	// the runner is then in its 60 s sleep step.
+	lines := bufio.NewScanner(out)
+	var seen []string
+	for lines.Scan() && !strings.Contains(lines.Text(), "crash-me | step 1") {
+		seen = append(seen, lines.Text())
+	}
+	if lines.Err() != nil || !strings.Contains(lines.Text(), "crash-me | step 1") {
+		t.Fatalf("the runner never reached the scenario's first step:\n%s", strings.Join(seen, "\n"))
+	}
+	prefix := fmt.Sprintf("xvs-cf%d-", cmd.Process.Pid)
+	names, err := lab.List(prefix)
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no namespaces %s* while the runner runs (%v)", prefix, err)
+	}
+	agent := findProcess(t, "--pin-path /sys/fs/bpf/"+prefix)
+	if agent == 0 {
+		t.Fatal("no agent process found")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(agent, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("agent %d outlived its killed runner", agent)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if left, _ := lab.List(prefix); len(left) == 0 {
+		t.Fatal("a SIGKILLed runner left nothing behind: the test proves nothing")
+	}
+	if err := conformance.CleanupStale(); err != nil {
+		t.Logf("CleanupStale: %v (leftovers of other runs may be involved)", err)
+	}
+	if left, _ := lab.List(prefix); len(left) > 0 {
+		t.Errorf("namespaces left after CleanupStale: %v", left)
+	}
+	if pins, _ := filepath.Glob("/sys/fs/bpf/" + prefix + "*"); len(pins) > 0 {
+		t.Errorf("pins left after CleanupStale: %v", pins)
+	}
+	if objs, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*")); len(objs) > 0 {
+		t.Errorf("object directories left after CleanupStale: %v", objs)
+	}
+}
+
+// findProcess returns the PID of a process whose command line contains s.
+func findProcess(t *testing.T, s string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		return pid
+	}
+	return 0
 }
