@@ -1,11 +1,13 @@
 package deploy
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/lab/kubeapi"
@@ -52,9 +54,33 @@ func TestConfigMapIsTheAgentsConfig(t *testing.T) {
 			if c.MetricsBindAddress != "0.0.0.0:10249" || c.HealthzBindAddress != "0.0.0.0:10256" {
 				t.Errorf("metrics %q, healthz %q", c.MetricsBindAddress, c.HealthzBindAddress)
 			}
-			if c.ClientConnection.Kubeconfig != "" {
-				t.Errorf("clientConnection.kubeconfig %q: the DaemonSet runs in-cluster", c.ClientConnection.Kubeconfig)
+			if c.ClientConnection.Kubeconfig != kubeconfigPath {
+				t.Errorf("clientConnection.kubeconfig %q, want the ConfigMap's %s", c.ClientConnection.Kubeconfig, kubeconfigPath)
 			}
 		})
 	}
+
+	// The kubeconfig: the API server's own address (never the kubernetes
+	// Service's ClusterIP, which only the agent itself would serve), the
+	// Pod's ServiceAccount token and CA.
+	kc, err := clientcmd.Load([]byte(cm.Data["kubeconfig.conf"]))
+	if err != nil {
+		t.Fatalf("kubeconfig.conf: %v", err)
+	}
+	ctx, ok := kc.Contexts[kc.CurrentContext]
+	if !ok || kc.Clusters[ctx.Cluster] == nil || kc.AuthInfos[ctx.AuthInfo] == nil {
+		t.Fatalf("kubeconfig.conf: current context %q incomplete", kc.CurrentContext)
+	}
+	cluster, user := kc.Clusters[ctx.Cluster], kc.AuthInfos[ctx.AuthInfo]
+	const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+	if user.TokenFile != sa+"token" || cluster.CertificateAuthority != sa+"ca.crt" {
+		t.Errorf("kubeconfig.conf: token file %q, CA %q: want the ServiceAccount's", user.TokenFile, cluster.CertificateAuthority)
+	}
+	u, err := url.Parse(cluster.Server)
+	if err != nil || u.Scheme != "https" || u.Port() == "" {
+		t.Errorf("kubeconfig.conf: server %q", cluster.Server)
+	}
 }
+
+// The ConfigMap is mounted at /var/lib/xvs (daemonset.yaml).
+const kubeconfigPath = "/var/lib/xvs/kubeconfig.conf"
