@@ -55,7 +55,7 @@ func TestProxyHealth(t *testing.T) {
 		if hdr.Get("Content-Type") != "application/json" || hdr.Get("X-Content-Type-Options") != "nosniff" {
 			t.Errorf("%s: headers %v", step, hdr)
 		}
-		for _, k := range []string{"lastUpdated", "currentTime", "nodeEligible"} {
+		for _, k := range []string{"lastUpdated", "currentTime", "nodeEligible", "healthy", "status"} {
 			if _, ok := body[k]; !ok {
 				t.Errorf("%s: /healthz body lacks %s: %v", step, k, body)
 			}
@@ -65,6 +65,14 @@ func TestProxyHealth(t *testing.T) {
 		}
 		if code == 200 && body["lastUpdated"] != body["currentTime"] {
 			t.Errorf("%s: healthy lastUpdated %v != currentTime %v", step, body["lastUpdated"], body["currentTime"])
+		}
+		if body["healthy"] != (code == 200) {
+			t.Errorf("%s: healthy %v with code %d", step, body["healthy"], code)
+		}
+		st, _ := body["status"].(map[string]any)
+		v4, _ := st["IPv4"].(map[string]any)
+		if v4 == nil || v4["healthy"] != (wantLivez == 200) {
+			t.Errorf("%s: status %v", step, body["status"])
 		}
 		code, _, body = get(t, srv, "/livez")
 		if code != wantLivez {
@@ -100,11 +108,17 @@ func TestProxyHealth(t *testing.T) {
 	check("node being deleted", 503, 200, false)
 	h.SyncNode(nil)
 	check("node gone", 503, 200, false)
+	h.SyncNode(&v1.Node{})
+
+	h.SetFamilies([]string{"IPv4", "IPv6"})
+	if _, _, body := get(t, srv, "/livez"); len(body["status"].(map[string]any)) != 2 {
+		t.Errorf("dual-stack status %v", body["status"])
+	}
 
 	if got := fmt.Sprint(codes["healthz"]); got != "[200 200 503 200 503 200 503 503]" {
 		t.Errorf("healthz counts %s", got)
 	}
-	if got := fmt.Sprint(codes["livez"]); got != "[200 200 503 200 200 200 200 200]" {
+	if got := fmt.Sprint(codes["livez"]); got != "[200 200 503 200 200 200 200 200 200]" {
 		t.Errorf("livez counts %s", got)
 	}
 }

@@ -8,7 +8,7 @@
 package healthcheck
 
 import (
-	"fmt"
+	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
@@ -43,6 +43,7 @@ type ProxyHealth struct {
 	lastUpdated  time.Time
 	oldestQueued time.Time
 	nodeEligible bool
+	families     []string
 }
 
 // NewProxyHealth returns a tracker; kube-proxy uses twice syncPeriod as the
@@ -118,24 +119,59 @@ func (h *ProxyHealth) Handler() http.Handler {
 	return mux
 }
 
-// serve answers as kube-proxy does: 200 or 503, and a JSON body whose
-// lastUpdated is "now" when healthy (older releases reported the last
-// sync loop run, which was always recent on a healthy proxy; clients such
-// as the e2e test look for the key). /livez ignores node eligibility.
+// ProxierHealth is the health of one IP family in a Body.
+type ProxierHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// Body is kube-proxy's /healthz and /livez answer (v1.34+ layout: the old
+// lastUpdated/currentTime/nodeEligible keys, plus healthy and the status
+// per IP family). nodeEligible is only in /healthz answers.
+type Body struct {
+	LastUpdated  time.Time                `json:"lastUpdated"`
+	CurrentTime  time.Time                `json:"currentTime"`
+	NodeEligible *bool                    `json:"nodeEligible,omitempty"`
+	Healthy      bool                     `json:"healthy"`
+	Status       map[string]ProxierHealth `json:"status,omitempty"`
+}
+
+// SetFamilies sets the IP families the status lists ("IPv4", "IPv6"); one
+// sync serves them all, so they share one verdict. Default: IPv4.
+func (h *ProxyHealth) SetFamilies(families []string) {
+	h.mu.Lock()
+	h.families = append([]string(nil), families...)
+	h.mu.Unlock()
+}
+
+// serve answers as kube-proxy does: 200 or 503 and a JSON Body whose
+// top-level lastUpdated is "now" when healthy (older releases reported the
+// last sync loop run, which was always recent on a healthy proxy; clients
+// such as the e2e "should check kube-proxy urls" look for the key).
+// /livez ignores node eligibility.
 func (h *ProxyHealth) serve(w http.ResponseWriter, withNode bool) {
 	healthy, lastUpdated := h.health()
-	eligible := h.NodeEligible()
 	now := h.now()
-	if withNode {
-		healthy = healthy && eligible
+	h.mu.RLock()
+	families := h.families
+	h.mu.RUnlock()
+	if len(families) == 0 {
+		families = []string{"IPv4"}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
+	body := Body{LastUpdated: lastUpdated, CurrentTime: now, Healthy: healthy, Status: map[string]ProxierHealth{}}
+	for _, f := range families {
+		body.Status[f] = ProxierHealth{LastUpdated: lastUpdated, Healthy: healthy}
+	}
+	if withNode {
+		eligible := h.NodeEligible()
+		body.NodeEligible = &eligible
+		body.Healthy = healthy && eligible
+	}
 	code := http.StatusOK
-	if !healthy {
+	if !body.Healthy {
 		code = http.StatusServiceUnavailable
 	} else {
-		lastUpdated = now
+		body.LastUpdated = now
 	}
 	count := h.counters.Livez
 	if withNode {
@@ -144,13 +180,8 @@ func (h *ProxyHealth) serve(w http.ResponseWriter, withNode bool) {
 	if count != nil {
 		count(code)
 	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
-	// time.Time's String form, as kube-proxy prints it (%q of a Time);
-	// Round(0) drops the monotonic clock reading.
-	if withNode {
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`,
-			lastUpdated.Round(0).String(), now.Round(0).String(), eligible)
-	} else {
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, lastUpdated.Round(0).String(), now.Round(0).String())
-	}
+	_ = json.NewEncoder(w).Encode(body)
 }

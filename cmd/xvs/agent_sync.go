@@ -170,6 +170,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	s.metrics.ServiceChangesPending.Set(float64(s.pendingServices))
 	s.metrics.EndpointChangesPending.Set(float64(s.pendingEndpoints))
 	s.mu.Unlock()
+	s.health.SetFamilies(fams)
 	s.health.Updated()
 	s.metrics.ServicePorts.Set(float64(len(b.State.Services)))
 	s.recordNoLocal(b.State)
