@@ -1,7 +1,7 @@
 package conformance
 
 import (
-	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -41,7 +41,19 @@ func CleanupStale() error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	var failed []error
+	for _, e := range errs {
+		if e != nil {
+			failed = append(failed, e)
+		}
+	}
+	switch len(failed) {
+	case 0:
+		return nil
+	case 1:
+		return failed[0]
+	}
+	return fmt.Errorf("%d leftovers could not be removed (first: %w)", len(failed), failed[0])
 }
 
 // stale reports whether name ("xvs-cf<pid>-...") belongs to a process that
