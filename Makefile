@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report
+.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report conformance-vm
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -61,6 +61,12 @@ CORPUS ?= conformance/corpus
 MODE   ?= ebpf
 conformance: build
 	./$(BIN) conformance run $(CORPUS) --mode $(MODE) --json bin/conformance-$(MODE).json
+
+# Both modes inside the qemu VM (ipvs mode needs kernel IPVS, which the host
+# may lack). Software emulation: about 8 min per mode for our corpus.
+conformance-vm: build
+	./hack/vm/vm.sh run $(KERNEL) -- './$(BIN) conformance run $(CORPUS) --mode ebpf --json bin/conformance-ebpf-vm$(KERNEL).json; e=$$?; \
+		./$(BIN) conformance run $(CORPUS) --mode ipvs --json bin/conformance-ipvs-vm$(KERNEL).json && exit $$e'
 
 conformance-report: build
 	./$(BIN) conformance report -o docs/CONFORMANCE.md $(wildcard bin/conformance-*.json)
