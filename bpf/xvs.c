@@ -39,7 +39,8 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-#define AF_INET 2
+#define AF_INET	 2
+#define AF_INET6 10
 
 static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *skb)
 {
@@ -49,19 +50,28 @@ static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *
 
 /* Send a rewritten packet to where its new destination routes. Falls back
  * to the stack (TC_ACT_OK) for local destinations and anything the FIB
- * cannot answer. The TTL drops by one, as forwarding does. */
+ * cannot answer. The TTL (hop limit) drops by one, as forwarding does. */
 static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw)
 {
 	struct bpf_fib_lookup fib = {
-		.family = AF_INET,
 		.l4_protocol = p->proto,
 		.sport = rw->sport,
 		.dport = rw->dport,
 		.tot_len = p->len,
-		.ipv4_src = rw->saddr,
-		.ipv4_dst = rw->daddr,
 		.ifindex = skb->ingress_ifindex,
 	};
+	bool v6 = p->family == XVS_FAMILY_IPV6;
+	__u32 ttl_off = p->l3_off + (v6 ? offsetof(struct ipv6hdr, hop_limit) : offsetof(struct iphdr, ttl));
+
+	if (v6) {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, rw->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, rw->daddr, 16);
+	} else {
+		fib.family = AF_INET;
+		fib.ipv4_src = addr_v4(rw->saddr);
+		fib.ipv4_dst = addr_v4(rw->daddr);
+	}
 	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
@@ -69,14 +79,19 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 
 	__u8 ttl;
 
-	if (bpf_skb_load_bytes(skb, p->l3_off + offsetof(struct iphdr, ttl), &ttl, 1) || ttl <= 1)
+	if (bpf_skb_load_bytes(skb, ttl_off, &ttl, 1) || ttl <= 1)
 		return TC_ACT_OK; /* the stack sends time-exceeded */
-	/* TTL and protocol share a 16-bit checksum word. */
-	__be16 old = bpf_htons((__u16)ttl << 8 | p->proto), new = bpf_htons((__u16)(ttl - 1) << 8 | p->proto);
 	ttl--;
-	if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, ttl), &ttl, 1, 0) ||
-	    bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old, new, sizeof(new)))
+	if (bpf_skb_store_bytes(skb, ttl_off, &ttl, 1, 0))
 		return TC_ACT_SHOT;
+	if (!v6) {
+		/* TTL and protocol share a 16-bit checksum word. */
+		__be16 old = bpf_htons((__u16)(ttl + 1) << 8 | p->proto),
+		       new = bpf_htons((__u16)ttl << 8 | p->proto);
+
+		if (bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old, new, sizeof(new)))
+			return TC_ACT_SHOT;
+	}
 	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
 }
 
@@ -85,19 +100,29 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct xvs_pkt *p,
 				      const struct xvs_rewrite *rw)
 {
+	if (p->family == XVS_FAMILY_IPV6) {
+		if (nat_rewrite_v6(skb, p, true, rw->saddr, rw->sport))
+			return -1;
+		return nat_rewrite_v6(skb, p, false, rw->daddr, rw->dport);
+	}
 	if (nat_rewrite_v4(skb, p, true, rw->saddr, rw->sport))
 		return -1;
 	return nat_rewrite_v4(skb, p, false, rw->daddr, rw->dport);
 }
 
-static __always_inline int handle_ipv4(struct __sk_buff *skb)
+static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 {
-	struct flow_res res = {.len = skb->len};
-	struct xvs_pkt p = {};
+	struct flow_scratch *sc = flow_scratch();
 	bool xdp = xdp_done(skb);
 	int ret;
 
-	switch (parse_ipv4(skb, ETH_HLEN, &p)) {
+	if (!sc)
+		return verdict(TC_ACT_OK, XVS_V_PASS, skb);
+	struct xvs_pkt *p = &sc->pkt;
+	struct flow_res *res = &sc->res;
+
+	res->len = skb->len;
+	switch (v6 ? parse_ipv6(skb, ETH_HLEN, p) : parse_ipv4(skb, ETH_HLEN, p)) {
 	case XVS_PARSE_OK:
 		break;
 	case XVS_PARSE_IGNORE:
@@ -110,34 +135,36 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	if (xdp) {
 		/* The XDP program already translated it: only forwarding is
 		 * left (see lib/xdp.h). */
-		res.rw.saddr = p.saddr;
-		res.rw.daddr = p.daddr;
-		res.rw.sport = p.sport;
-		res.rw.dport = p.dport;
-		return verdict(tc_forward(skb, &p, &res.rw), XVS_V_FWD_XDP, skb);
+		__builtin_memcpy(res->rw.saddr, p->saddr, 16);
+		__builtin_memcpy(res->rw.daddr, p->daddr, 16);
+		res->rw.sport = p->sport;
+		res->rw.dport = p->dport;
+		return verdict(tc_forward(skb, p, &res->rw), XVS_V_FWD_XDP, skb);
 	}
 
-	switch (flow_process(&p, &res)) {
+	switch (flow_process(p, res)) {
 	case XVS_ACT_NAT:
-		if (tc_rewrite(skb, &p, &res.rw))
+		if (tc_rewrite(skb, p, &res->rw))
 			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
-		return verdict(tc_forward(skb, &p, &res.rw), res.verdict, skb);
+		return verdict(tc_forward(skb, p, &res->rw), res->verdict, skb);
 	case XVS_ACT_DROP:
-		return verdict(TC_ACT_SHOT, res.verdict, skb);
+		return verdict(TC_ACT_SHOT, res->verdict, skb);
 	case XVS_ACT_REJECT:
-		ret = reject_v4(skb, &p);
+		ret = reject_packet(skb, p);
 		if (ret < 0)
 			return verdict(TC_ACT_SHOT, XVS_V_DROP_REJECT_FAILED, skb);
-		return verdict(ret, res.verdict, skb);
+		return verdict(ret, res->verdict, skb);
 	}
-	return verdict(TC_ACT_OK, res.verdict, skb);
+	return verdict(TC_ACT_OK, res->verdict, skb);
 }
 
 SEC("tc")
 int xvs_tc_ingress(struct __sk_buff *skb)
 {
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return handle_ipv4(skb);
+		return handle_ip(skb, false);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_ip(skb, true);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 }
 

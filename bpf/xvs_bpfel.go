@@ -13,6 +13,40 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type XvsFlowScratch struct {
+	_   structs.HostLayout
+	Pkt struct {
+		_        structs.HostLayout
+		L3Off    uint32
+		L4Off    uint32
+		Len      uint32
+		Saddr    [16]uint8
+		Daddr    [16]uint8
+		Sport    uint16
+		Dport    uint16
+		Proto    uint8
+		TcpFlags uint8
+		Family   uint8
+		HasL4    bool
+	}
+	_   [4]byte
+	Res struct {
+		_  structs.HostLayout
+		Rw struct {
+			_     structs.HostLayout
+			Saddr [16]uint8
+			Daddr [16]uint8
+			Sport uint16
+			Dport uint16
+		}
+		_       [4]byte
+		Now     uint64
+		Len     uint32
+		Verdict uint32
+	}
+	Entry XvsXvsCtEntry
+}
+
 type XvsXvsAffinityKey struct {
 	_       structs.HostLayout
 	GroupId uint32
@@ -294,9 +328,13 @@ const (
 	XvsMapXvsSvcStats          = "xvs_svc_stats"
 	XvsMapXvsVerdicts          = "xvs_verdicts"
 	XvsProgXvsSockConnect4     = "xvs_sock_connect4"
+	XvsProgXvsSockConnect6     = "xvs_sock_connect6"
 	XvsProgXvsSockGetpeername4 = "xvs_sock_getpeername4"
+	XvsProgXvsSockGetpeername6 = "xvs_sock_getpeername6"
 	XvsProgXvsSockRecvmsg4     = "xvs_sock_recvmsg4"
+	XvsProgXvsSockRecvmsg6     = "xvs_sock_recvmsg6"
 	XvsProgXvsSockSendmsg4     = "xvs_sock_sendmsg4"
+	XvsProgXvsSockSendmsg6     = "xvs_sock_sendmsg6"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
 	XvsProgXvsXdp              = "xvs_xdp"
@@ -368,9 +406,13 @@ type XvsSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type XvsProgramSpecs struct {
 	XvsSockConnect4     *ebpf.ProgramSpec `ebpf:"xvs_sock_connect4"`
+	XvsSockConnect6     *ebpf.ProgramSpec `ebpf:"xvs_sock_connect6"`
 	XvsSockGetpeername4 *ebpf.ProgramSpec `ebpf:"xvs_sock_getpeername4"`
+	XvsSockGetpeername6 *ebpf.ProgramSpec `ebpf:"xvs_sock_getpeername6"`
 	XvsSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_recvmsg4"`
+	XvsSockRecvmsg6     *ebpf.ProgramSpec `ebpf:"xvs_sock_recvmsg6"`
 	XvsSockSendmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg4"`
+	XvsSockSendmsg6     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg6"`
 	XvsTcEmpty          *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
 	XvsXdp              *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
@@ -534,9 +576,13 @@ type XvsVariables struct {
 // It can be passed to LoadXvsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XvsPrograms struct {
 	XvsSockConnect4     *ebpf.Program `ebpf:"xvs_sock_connect4"`
+	XvsSockConnect6     *ebpf.Program `ebpf:"xvs_sock_connect6"`
 	XvsSockGetpeername4 *ebpf.Program `ebpf:"xvs_sock_getpeername4"`
+	XvsSockGetpeername6 *ebpf.Program `ebpf:"xvs_sock_getpeername6"`
 	XvsSockRecvmsg4     *ebpf.Program `ebpf:"xvs_sock_recvmsg4"`
+	XvsSockRecvmsg6     *ebpf.Program `ebpf:"xvs_sock_recvmsg6"`
 	XvsSockSendmsg4     *ebpf.Program `ebpf:"xvs_sock_sendmsg4"`
+	XvsSockSendmsg6     *ebpf.Program `ebpf:"xvs_sock_sendmsg6"`
 	XvsTcEmpty          *ebpf.Program `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.Program `ebpf:"xvs_tc_ingress"`
 	XvsXdp              *ebpf.Program `ebpf:"xvs_xdp"`
@@ -546,9 +592,13 @@ type XvsPrograms struct {
 func (p *XvsPrograms) Close() error {
 	return _XvsClose(
 		p.XvsSockConnect4,
+		p.XvsSockConnect6,
 		p.XvsSockGetpeername4,
+		p.XvsSockGetpeername6,
 		p.XvsSockRecvmsg4,
+		p.XvsSockRecvmsg6,
 		p.XvsSockSendmsg4,
+		p.XvsSockSendmsg6,
 		p.XvsTcEmpty,
 		p.XvsTcIngress,
 		p.XvsXdp,

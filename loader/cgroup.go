@@ -70,6 +70,10 @@ func (o *Objects) AttachSockets(cgroupPath string) error {
 		{"sendmsg4", o.XvsSockSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
 		{"recvmsg4", o.XvsSockRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
 		{"getpeername4", o.XvsSockGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		{"connect6", o.XvsSockConnect6, ebpf.AttachCGroupInet6Connect},
+		{"sendmsg6", o.XvsSockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{"recvmsg6", o.XvsSockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+		{"getpeername6", o.XvsSockGetpeername6, ebpf.AttachCgroupInet6GetPeername},
 	} {
 		pin := filepath.Join(dir, h.name)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {

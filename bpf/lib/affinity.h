@@ -15,12 +15,12 @@
 #include "parse.h"
 #include "types.h"
 
-static __always_inline void affinity_key_v4(struct xvs_affinity_key *k, const struct xvs_svc_value *svc,
-					    __be32 client)
+static __always_inline void affinity_key(struct xvs_affinity_key *k, const struct xvs_svc_value *svc,
+					 const struct xvs_pkt *p)
 {
 	k->group_id = svc->group_id;
-	k->family = XVS_FAMILY_IPV4;
-	__builtin_memcpy(k->addr, &client, sizeof(client));
+	k->family = p->family;
+	__builtin_memcpy(k->addr, p->saddr, 16);
 }
 
 /* The sticky backend of the client, or NULL: none yet, expired, or no
@@ -34,7 +34,7 @@ static __always_inline struct xvs_backend *affinity_lookup(const struct xvs_svc_
 	struct xvs_affinity_key ak = {};
 	struct xvs_affinity_value *av;
 
-	affinity_key_v4(&ak, svc, p->saddr);
+	affinity_key(&ak, svc, p);
 	av = bpf_map_lookup_elem(&xvs_affinity, &ak);
 	if (!av || now - av->last_used > (__u64)svc->affinity_timeout * NSEC_PER_SEC)
 		return NULL;
@@ -55,7 +55,7 @@ static __always_inline void affinity_update(const struct xvs_svc_value *svc, con
 	struct xvs_affinity_key ak = {};
 	struct xvs_affinity_value av = {.last_used = now, .backend_id = backend_id};
 
-	affinity_key_v4(&ak, svc, p->saddr);
+	affinity_key(&ak, svc, p);
 	bpf_map_update_elem(&xvs_affinity, &ak, &av, BPF_ANY);
 }
 

@@ -31,15 +31,16 @@ volatile const __u32 cfg_ct_udp_stream_s = 120;
  * busy flow does not write its cache line on every packet. */
 #define CT_REFRESH_SLACK_NS NSEC_PER_SEC
 
-static __always_inline void ct_key_v4(struct xvs_ct_key *k, __be32 saddr, __be32 daddr, __be16 sport,
-				      __be16 dport, __u8 proto)
+/* Key of the flow with these endpoints (16-byte addresses, either family). */
+static __always_inline void ct_key(struct xvs_ct_key *k, const __u8 saddr[16], const __u8 daddr[16],
+				   __be16 sport, __be16 dport, __u8 proto, __u8 family)
 {
-	__builtin_memcpy(k->saddr, &saddr, sizeof(saddr));
-	__builtin_memcpy(k->daddr, &daddr, sizeof(daddr));
+	__builtin_memcpy(k->saddr, saddr, 16);
+	__builtin_memcpy(k->daddr, daddr, 16);
 	k->sport = sport;
 	k->dport = dport;
 	k->proto = proto;
-	k->family = XVS_FAMILY_IPV4;
+	k->family = family;
 }
 
 static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u16 flags)

@@ -24,10 +24,11 @@ enum xvs_action {
 	XVS_ACT_NAT,	/* rewrite to xvs_rewrite and forward */
 };
 
-/* The addresses and ports a packet leaves with. */
+/* The addresses and ports a packet leaves with (16-byte addresses, as
+ * in xvs_pkt). */
 struct xvs_rewrite {
-	__be32 saddr;
-	__be32 daddr;
+	__u8 saddr[16];
+	__u8 daddr[16];
 	__be16 sport;
 	__be16 dport;
 };
@@ -44,6 +45,34 @@ struct flow_res {
 
 #define __noinline __attribute__((noinline))
 
+/* Per-CPU scratch space for the packet path: the parsed packet, the
+ * decision and the conntrack entry being built live here rather than on the
+ * 512-byte BPF stack. tc and XDP run in softirq context and never nest on
+ * one CPU; the socket hooks do not use it. */
+struct flow_scratch {
+	struct xvs_pkt pkt;
+	struct flow_res res;
+	struct xvs_ct_entry entry;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct flow_scratch);
+	__uint(max_entries, 1);
+} xvs_scratch SEC(".maps");
+
+/* The scratch space, zeroed (NULL never happens with a 1-entry array). */
+static __always_inline struct flow_scratch *flow_scratch(void)
+{
+	__u32 zero = 0;
+	struct flow_scratch *sc = bpf_map_lookup_elem(&xvs_scratch, &zero);
+
+	if (sc)
+		__builtin_memset(sc, 0, sizeof(*sc));
+	return sc;
+}
+
 /* Build-time test hook for the conformance "break it" checks: with this
  * knob cleared the reverse NAT is skipped. Always 1 in production. */
 volatile const __u8 cfg_rev_nat = 1;
@@ -51,19 +80,12 @@ volatile const __u8 cfg_rev_nat = 1;
 /* How many masquerade ports a new flow tries before giving up. */
 #define SNAT_TRIES 32
 
-static __always_inline __be32 addr_v4(const __u8 addr[16])
+/* Is addr (of family) inside a prefix stored under id in an LPM map? */
+static __always_inline bool lpm_match(void *map, __u32 id, const __u8 addr[16], __u8 family)
 {
-	__be32 a;
+	struct xvs_lpm_key k = {.prefixlen = family == XVS_FAMILY_IPV4 ? 64 : 160, .id = id};
 
-	__builtin_memcpy(&a, addr, sizeof(a));
-	return a;
-}
-
-static __always_inline bool lpm_match_v4(void *map, __u32 id, __be32 addr)
-{
-	struct xvs_lpm_key k = {.prefixlen = 64, .id = id};
-
-	__builtin_memcpy(k.addr, &addr, sizeof(addr));
+	__builtin_memcpy(k.addr, addr, 16);
 	return bpf_map_lookup_elem(map, &k) != NULL;
 }
 
@@ -71,13 +93,13 @@ static __always_inline bool lpm_match_v4(void *map, __u32 id, __be32 addr)
 static __always_inline void flow_forward_rewrite(const struct xvs_pkt *p, const struct xvs_ct_entry *e,
 						 struct xvs_rewrite *rw)
 {
-	rw->daddr = addr_v4(e->nat_addr);
+	__builtin_memcpy(rw->daddr, e->nat_addr, 16);
 	rw->dport = e->nat_port;
 	if (e->flags & XVS_CT_F_SNAT) {
-		rw->saddr = addr_v4(e->snat_addr);
+		__builtin_memcpy(rw->saddr, e->snat_addr, 16);
 		rw->sport = e->snat_port;
 	} else {
-		rw->saddr = p->saddr;
+		__builtin_memcpy(rw->saddr, p->saddr, 16);
 		rw->sport = p->sport;
 	}
 }
@@ -89,7 +111,7 @@ static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *e
 	struct xvs_rewrite *rw = &res->rw;
 	__u64 now = res->now;
 	bool snat = e->flags & XVS_CT_F_SNAT;
-	__be32 client = snat ? addr_v4(e->snat_addr) : p->daddr;
+	const __u8 *client = snat ? e->snat_addr : p->daddr;
 	__be16 cport = snat ? e->snat_port : p->dport;
 	bool first = false;
 
@@ -99,7 +121,7 @@ static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *e
 		struct xvs_ct_key fk = {};
 		struct xvs_ct_entry *fe;
 
-		ct_key_v4(&fk, client, addr_v4(e->nat_addr), cport, e->nat_port, p->proto);
+		ct_key(&fk, client, e->nat_addr, cport, e->nat_port, p->proto, p->family);
 		fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
 		if (fe) {
 			fe->flags |= XVS_CT_F_SEEN_REPLY;
@@ -113,9 +135,9 @@ static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *e
 	res->verdict = XVS_V_REPLY;
 	if (!cfg_rev_nat)
 		return XVS_ACT_PASS;
-	rw->saddr = addr_v4(e->nat_addr);
+	__builtin_memcpy(rw->saddr, e->nat_addr, 16);
 	rw->sport = e->nat_port;
-	rw->daddr = client;
+	__builtin_memcpy(rw->daddr, client, 16);
 	rw->dport = cport;
 	return XVS_ACT_NAT;
 }
@@ -125,14 +147,14 @@ static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *e
  * else is not ours. */
 static __noinline int flow_no_service(const struct xvs_pkt *p, __u32 *verdict)
 {
-	struct xvs_vip_key vk = {.family = XVS_FAMILY_IPV4};
+	struct xvs_vip_key vk = {.family = p->family};
 
-	__builtin_memcpy(vk.addr, &p->daddr, sizeof(p->daddr));
+	__builtin_memcpy(vk.addr, p->daddr, 16);
 	if (bpf_map_lookup_elem(&xvs_cluster_ips, &vk)) {
 		*verdict = XVS_V_REJECT_WRONG_PORT;
 		return XVS_ACT_REJECT;
 	}
-	if (lpm_match_v4(&xvs_service_cidrs, XVS_FAMILY_IPV4, p->daddr)) {
+	if (lpm_match(&xvs_service_cidrs, p->family, p->daddr, p->family)) {
 		*verdict = XVS_V_DROP_UNALLOCATED;
 		return XVS_ACT_DROP;
 	}
@@ -156,8 +178,9 @@ static __always_inline bool flow_masquerade(const struct xvs_config *cfg, const 
 
 /* Insert the reply entry of a masqueraded flow under a free source port of
  * the node's address; returns the port, or 0 when none is free. */
-static __always_inline __be16 flow_snat_port(const struct xvs_config *cfg, __be32 node, __be32 be_addr,
-					     __be16 be_port, __u8 proto, struct xvs_ct_entry *rev, __u64 now)
+static __always_inline __be16 flow_snat_port(const struct xvs_config *cfg, const __u8 *node,
+					     const __u8 *be_addr, __be16 be_port, __u8 proto, __u8 family,
+					     struct xvs_ct_entry *rev, __u64 now)
 {
 	__u32 lo = cfg->snat_port_min, hi = cfg->snat_port_max;
 	struct xvs_ct_key rk = {};
@@ -171,7 +194,7 @@ static __always_inline __be16 flow_snat_port(const struct xvs_config *cfg, __be3
 		__be16 port = bpf_htons((__u16)(lo + (start + i) % span));
 		struct xvs_ct_entry *old;
 
-		ct_key_v4(&rk, be_addr, node, be_port, port, proto);
+		ct_key(&rk, be_addr, node, be_port, port, proto, family);
 		old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
 		if (old && old->expires > now)
 			continue;
@@ -196,10 +219,11 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 	if (!cfg)
 		cfg = &no_config;
-	pod = (cfg->flags & XVS_CFG_DETECT_LOCAL) && lpm_match_v4(&xvs_pod_cidrs, XVS_FAMILY_IPV4, p->saddr);
+	pod = (cfg->flags & XVS_CFG_DETECT_LOCAL) &&
+	      lpm_match(&xvs_pod_cidrs, p->family, p->saddr, p->family);
 
 	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) &&
-	    !lpm_match_v4(&xvs_source_ranges, svc->svc_id, p->saddr)) {
+	    !lpm_match(&xvs_source_ranges, svc->svc_id, p->saddr, p->family)) {
 		*verdict = XVS_V_DROP_SOURCE_RANGE;
 		return XVS_ACT_DROP;
 	}
@@ -243,21 +267,23 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	if (svc->flags & XVS_SVC_F_AFFINITY)
 		affinity_update(svc, p, backend_id, now);
 
-	__be32 be_addr = addr_v4(be->addr);
+	const __u8 *be_addr = be->addr;
 	__be16 be_port = be->port;
-	__be32 node = addr_v4(cfg->snat_addr4);
-	bool snat = flow_masquerade(cfg, svc, pod, be_addr == p->saddr) && node != 0;
+	const __u8 *node = p->family == XVS_FAMILY_IPV4 ? cfg->snat_addr4 : cfg->snat_addr6;
+	bool snat = flow_masquerade(cfg, svc, pod, addr_eq(be_addr, p->saddr)) && !addr_is_zero(node);
 	__u16 flags = (p->proto == IPPROTO_TCP) ? XVS_CT_F_SYN : 0;
 	__be16 sport = p->sport;
 	struct xvs_ct_key ck = {};
 	/* The entry is built in per-CPU scratch space: two of them on the
 	 * stack would not fit the BPF stack beside everything else. */
-	struct xvs_ct_entry *e = bpf_map_lookup_elem(&xvs_scratch, &zero);
+	struct flow_scratch *sc = bpf_map_lookup_elem(&xvs_scratch, &zero);
 
-	if (!e) {
+	if (!sc) {
 		*verdict = XVS_V_DROP_NO_BACKEND;
 		return XVS_ACT_DROP;
 	}
+	struct xvs_ct_entry *e = &sc->entry;
+
 	/* Reply entry first: once the forward entry exists, replies can come. */
 	__builtin_memset(e, 0, sizeof(*e));
 	e->backend_id = backend_id;
@@ -266,18 +292,18 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	e->nat_port = p->dport;
 	e->snat_port = p->sport;
 	e->flags = flags | XVS_CT_F_REPLY;
-	__builtin_memcpy(e->nat_addr, &p->daddr, sizeof(p->daddr));
-	__builtin_memcpy(e->snat_addr, &p->saddr, sizeof(p->saddr));
+	__builtin_memcpy(e->nat_addr, p->daddr, 16);
+	__builtin_memcpy(e->snat_addr, p->saddr, 16);
 	if (snat) {
 		e->flags |= XVS_CT_F_SNAT;
-		sport = flow_snat_port(cfg, node, be_addr, be_port, p->proto, e, now);
+		sport = flow_snat_port(cfg, node, be_addr, be_port, p->proto, p->family, e, now);
 		if (!sport) {
 			*verdict = XVS_V_DROP_SNAT_EXHAUSTED;
 			return XVS_ACT_DROP;
 		}
 		flags |= XVS_CT_F_SNAT;
 	} else {
-		ct_key_v4(&ck, be_addr, p->saddr, be_port, p->sport, p->proto);
+		ct_key(&ck, be_addr, p->saddr, be_port, p->sport, p->proto, p->family);
 		bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
 	}
 	if (lb_least_conn(svc->sched)) {
@@ -296,24 +322,24 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	__builtin_memset(e->snat_addr, 0, sizeof(e->snat_addr));
 	e->snat_port = 0;
 	if (snat) {
-		__builtin_memcpy(e->snat_addr, &node, sizeof(node));
+		__builtin_memcpy(e->snat_addr, node, 16);
 		e->snat_port = sport;
 	}
 	e->flags = flags;
 	e->packets = 1;
 	e->bytes = res->len;
-	ct_key_v4(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto);
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
 
-	res->rw.saddr = snat ? node : p->saddr;
+	__builtin_memcpy(res->rw.saddr, snat ? node : p->saddr, 16);
 	res->rw.sport = sport;
-	res->rw.daddr = be_addr;
+	__builtin_memcpy(res->rw.daddr, be_addr, 16);
 	res->rw.dport = be_port;
 	*verdict = XVS_V_FWD_NEW;
 	return XVS_ACT_NAT;
 }
 
-/* Decide what to do with a parsed IPv4 packet; res->len is set. */
+/* Decide what to do with a parsed packet; res->len is set. */
 static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_ct_key ck = {};
@@ -321,7 +347,7 @@ static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res
 	__u64 now = bpf_ktime_get_ns();
 
 	res->now = now;
-	ct_key_v4(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto);
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
 	if (e) {
 		if (e->flags & XVS_CT_F_REPLY)
@@ -347,7 +373,7 @@ static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res
 	struct xvs_svc_key key = {};
 	struct xvs_svc_value *svc;
 
-	svc_key_v4(&key, p->daddr, p->dport, p->proto, XVS_SCOPE_POLICY);
+	svc_key(&key, p->daddr, p->dport, p->proto, p->family, XVS_SCOPE_POLICY);
 	svc = bpf_map_lookup_elem(&xvs_services, &key);
 	if (!svc)
 		return flow_no_service(p, &res->verdict);

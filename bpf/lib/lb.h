@@ -13,13 +13,13 @@
 #include "parse.h"
 #include "types.h"
 
-static __always_inline void svc_key_v4(struct xvs_svc_key *k, __be32 addr, __be16 port, __u8 proto,
-				       __u8 scope)
+static __always_inline void svc_key(struct xvs_svc_key *k, const __u8 addr[16], __be16 port, __u8 proto,
+				    __u8 family, __u8 scope)
 {
-	__builtin_memcpy(k->addr, &addr, sizeof(addr));
+	__builtin_memcpy(k->addr, addr, 16);
 	k->port = port;
 	k->proto = proto;
-	k->family = XVS_FAMILY_IPV4;
+	k->family = family;
 	k->scope = scope;
 	k->slot = 0;
 }
@@ -33,6 +33,14 @@ static __always_inline __u32 mix32(__u32 h)
 	h *= 0xc2b2ae35;
 	h ^= h >> 16;
 	return h;
+}
+
+/* A hash of an address of either family (IPv4 zero-pads to 16 bytes). */
+static __always_inline __u32 addr_hash(const __u8 a[16])
+{
+	const __u32 *w = (const __u32 *)a;
+
+	return mix32(w[0] ^ mix32(w[1] ^ mix32(w[2] ^ w[3])));
 }
 
 /* Resolve the backend of slot n of the service at key; key is reused. */
@@ -175,15 +183,15 @@ static __always_inline __u16 lb_pick(const struct xvs_svc_key *key, const struct
 	case XVS_SCHED_MH:
 		if (svc->table_size == 0)
 			break;
-		e = lb_table_entry(key, svc, mix32(p->saddr) % svc->table_size);
+		e = lb_table_entry(key, svc, addr_hash(p->saddr) % svc->table_size);
 		if (!e)
 			break;
 		*table_id = *e;
 		return 0;
 	case XVS_SCHED_SH:
-		return (__u16)(mix32(p->saddr) % svc->count) + 1;
+		return (__u16)(addr_hash(p->saddr) % svc->count) + 1;
 	case XVS_SCHED_DH:
-		return (__u16)(mix32(p->daddr) % svc->count) + 1;
+		return (__u16)(addr_hash(p->daddr) % svc->count) + 1;
 	case XVS_SCHED_LC:
 	case XVS_SCHED_WLC:
 	case XVS_SCHED_SED:

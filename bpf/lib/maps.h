@@ -119,14 +119,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_node_config SEC(".maps");
 
-/* Scratch space for building conntrack entries (see flow_new). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct xvs_ct_entry);
-	__uint(max_entries, 1);
-} xvs_scratch SEC(".maps");
-
 /* clusterCIDR: the local-traffic detector (id = family). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);

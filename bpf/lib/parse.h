@@ -11,6 +11,7 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
@@ -29,16 +30,20 @@ enum {
 	XVS_PARSE_FRAGMENT,  /* non-first fragment of an unknown flow */
 };
 
+/* The tuple. Addresses are 16 bytes as in every map: IPv4 uses the first
+ * four and leaves the rest zero, so keys are built the same way for both
+ * families. len is the IP packet's length (header included). */
 struct xvs_pkt {
 	__u32 l3_off;
 	__u32 l4_off;
 	__u32 len;
-	__be32 saddr;
-	__be32 daddr;
+	__u8 saddr[16];
+	__u8 daddr[16];
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
 	__u8 tcp_flags;
+	__u8 family;
 	/* The L4 header is in this packet (false for non-first fragments). */
 	bool has_l4;
 };
@@ -48,9 +53,69 @@ struct xvs_pkt {
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
+static __always_inline __be32 addr_v4(const __u8 addr[16])
+{
+	__be32 a;
+
+	__builtin_memcpy(&a, addr, sizeof(a));
+	return a;
+}
+
+/* Addresses are only 4-byte aligned (in xvs_pkt and map values): compare
+ * them a 32-bit word at a time. */
+static __always_inline bool addr_is_zero(const __u8 a[16])
+{
+	const __u32 *w = (const __u32 *)a;
+
+	return (w[0] | w[1] | w[2] | w[3]) == 0;
+}
+
+static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+}
+
 static __always_inline int l4_hdr_len(__u8 proto)
 {
 	return proto == IPPROTO_TCP ? sizeof(struct tcphdr) : sizeof(struct udphdr);
+}
+
+/* Read the ports (and TCP flags) of the L4 header at p->l4_off. */
+static __always_inline int parse_l4(struct __sk_buff *skb, struct xvs_pkt *p)
+{
+	__u32 off = p->l4_off;
+	__u8 proto = p->proto;
+
+	/* A constant bound on the offset lets the verifier follow it. */
+	if (off > 128)
+		return -1;
+	if (bpf_skb_pull_data(skb, off + l4_hdr_len(proto)))
+		return -1;
+
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *l4 = data + off;
+
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > data_end)
+			return -1;
+		if (th->doff < 5)
+			return -1;
+		p->sport = th->source;
+		p->dport = th->dest;
+		p->tcp_flags = ((__u8 *)th)[13];
+	} else {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > data_end)
+			return -1;
+		p->sport = uh->source;
+		p->dport = uh->dest;
+	}
+	p->has_l4 = true;
+	return 0;
 }
 
 /* Parse an IPv4 packet whose network header starts at l3_off. Returns one of
@@ -84,19 +149,21 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 	p->l3_off = l3_off;
 	p->l4_off = l3_off + ihl;
 	p->len = tot_len;
-	p->saddr = ip->saddr;
-	p->daddr = ip->daddr;
+	p->family = XVS_FAMILY_IPV4;
+	/* Read before any pull: pulling invalidates packet pointers. */
+	__be32 saddr = ip->saddr, daddr = ip->daddr;
+	__builtin_memcpy(p->saddr, &saddr, sizeof(saddr));
+	__builtin_memcpy(p->daddr, &daddr, sizeof(daddr));
 	p->proto = ip->protocol;
 	p->tcp_flags = 0;
-	/* Read before any pull: pulling invalidates packet pointers. */
 	__be16 ip_id = ip->id;
 
 	__u16 frag = bpf_ntohs(ip->frag_off);
 	if (frag & IP_OFFSET) {
 		/* A later fragment: no ports here; take them from the first. */
 		struct xvs_frag_key fk = {
-			.saddr = p->saddr,
-			.daddr = p->daddr,
+			.saddr = saddr,
+			.daddr = daddr,
 			.id = ip_id,
 			.proto = p->proto,
 		};
@@ -109,48 +176,60 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 		return XVS_PARSE_OK;
 	}
 
-	__u32 need = p->l4_off + l4_hdr_len(p->proto);
 	if (tot_len < ihl + l4_hdr_len(p->proto))
 		return XVS_PARSE_MALFORMED;
-	if (data + need > data_end) {
-		if (bpf_skb_pull_data(skb, need))
-			return XVS_PARSE_MALFORMED;
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-	}
-	/* Re-derive the L4 pointer with a constant-bounded offset check. */
-	if (p->l4_off > 128)
+	if (parse_l4(skb, p))
 		return XVS_PARSE_MALFORMED;
-	void *l4 = data + p->l4_off;
-	if (p->proto == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
-		if ((void *)(th + 1) > data_end)
-			return XVS_PARSE_MALFORMED;
-		if (th->doff < 5)
-			return XVS_PARSE_MALFORMED;
-		p->sport = th->source;
-		p->dport = th->dest;
-		p->tcp_flags = ((__u8 *)th)[13];
-	} else {
-		struct udphdr *uh = l4;
-		if ((void *)(uh + 1) > data_end)
-			return XVS_PARSE_MALFORMED;
-		p->sport = uh->source;
-		p->dport = uh->dest;
-	}
-	p->has_l4 = true;
-
 	if (frag & IP_MF) {
 		/* First fragment of several: remember its ports. */
 		struct xvs_frag_key fk = {
-			.saddr = p->saddr,
-			.daddr = p->daddr,
+			.saddr = saddr,
+			.daddr = daddr,
 			.id = ip_id,
 			.proto = p->proto,
 		};
 		struct xvs_frag_ports fp = {.sport = p->sport, .dport = p->dport};
 		bpf_map_update_elem(&xvs_fragments, &fk, &fp, BPF_ANY);
 	}
+	return XVS_PARSE_OK;
+}
+
+/* Parse an IPv6 packet whose header starts at l3_off. TCP or UDP must
+ * follow the fixed header directly: extension headers (fragments among
+ * them) are left to the stack untouched. */
+static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + l3_off;
+
+	if ((void *)(ip6 + 1) > data_end) {
+		if (bpf_skb_pull_data(skb, l3_off + sizeof(*ip6)))
+			return XVS_PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip6 = data + l3_off;
+		if ((void *)(ip6 + 1) > data_end)
+			return XVS_PARSE_MALFORMED;
+	}
+	if (ip6->version != 6)
+		return XVS_PARSE_MALFORMED;
+	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
+		return XVS_PARSE_IGNORE;
+
+	__u32 plen = bpf_ntohs(ip6->payload_len);
+	if (l3_off + sizeof(*ip6) + plen > skb->len || plen < (__u32)l4_hdr_len(ip6->nexthdr))
+		return XVS_PARSE_MALFORMED;
+	p->l3_off = l3_off;
+	p->l4_off = l3_off + sizeof(*ip6);
+	p->len = sizeof(*ip6) + plen;
+	p->family = XVS_FAMILY_IPV6;
+	p->proto = ip6->nexthdr;
+	p->tcp_flags = 0;
+	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+	if (parse_l4(skb, p))
+		return XVS_PARSE_MALFORMED;
 	return XVS_PARSE_OK;
 }
 

@@ -10,6 +10,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
 #include <linux/tcp.h>
 #include <bpf/bpf_endian.h>
@@ -52,8 +53,8 @@ static __always_inline void ipv4_reply_hdr(struct iphdr *ip, const struct xvs_pk
 	ip->ttl = REJECT_TTL;
 	ip->protocol = proto;
 	ip->check = 0;
-	ip->saddr = p->daddr;
-	ip->daddr = p->saddr;
+	ip->saddr = addr_v4(p->daddr);
+	ip->daddr = addr_v4(p->saddr);
 	ip->check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
 }
 
@@ -145,12 +146,105 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 	return reject_bounce(skb);
 }
 
+/* IPv6 (RFC 4443: ICMPv6 destination unreachable, port unreachable). */
+#define ICMP6_DST_UNREACH  1
+#define ICMP6_PORT_UNREACH 4
+#define IPPROTO_ICMPV6_	   58
+
+struct ipv6_pseudo {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+static __always_inline void ipv6_reply_hdr(struct ipv6hdr *ip6, struct ipv6_pseudo *ph,
+					   const struct xvs_pkt *p, __u16 payload, __u8 nexthdr)
+{
+	__builtin_memset(ip6, 0, sizeof(*ip6));
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(payload);
+	ip6->nexthdr = nexthdr;
+	ip6->hop_limit = REJECT_TTL;
+	__builtin_memcpy(&ip6->saddr, p->daddr, 16);
+	__builtin_memcpy(&ip6->daddr, p->saddr, 16);
+	__builtin_memset(ph, 0, sizeof(*ph));
+	__builtin_memcpy(ph->saddr, p->daddr, 16);
+	__builtin_memcpy(ph->daddr, p->saddr, 16);
+	ph->len = bpf_htonl(payload);
+	ph->nexthdr = nexthdr;
+}
+
+static __always_inline int reject_tcp6(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	struct tcphdr in, out = {};
+	struct ipv6hdr ip6;
+	struct ipv6_pseudo ph;
+
+	if (p->tcp_flags & TCP_FLAG_RST)
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l4_off, &in, sizeof(in)))
+		return -1;
+	out.source = p->dport;
+	out.dest = p->sport;
+	out.doff = 5;
+	out.rst = 1;
+	if (in.ack) {
+		out.seq = in.ack_seq;
+	} else {
+		__u32 seg_len = p->len - (p->l4_off - p->l3_off) - in.doff * 4;
+		seg_len += in.syn + in.fin;
+		out.ack = 1;
+		out.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + seg_len);
+	}
+	if (bpf_skb_change_tail(skb, p->l3_off + sizeof(ip6) + sizeof(out), 0))
+		return -1;
+	ipv6_reply_hdr(&ip6, &ph, p, sizeof(out), IPPROTO_TCP);
+	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+	out.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&out, sizeof(out), csum));
+	if (bpf_skb_store_bytes(skb, p->l3_off, &ip6, sizeof(ip6), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip6), &out, sizeof(out), 0))
+		return -1;
+	return reject_bounce(skb);
+}
+
+static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	/* The quote: the offending IPv6 header and 8 bytes of UDP. */
+	__u8 quote[sizeof(struct ipv6hdr) + 8];
+	struct icmphdr icmp = {};
+	struct ipv6hdr ip6;
+	struct ipv6_pseudo ph;
+	__u32 qlen = sizeof(quote);
+
+	if (bpf_skb_load_bytes(skb, p->l3_off, quote, qlen))
+		return -1;
+	if (bpf_skb_change_tail(skb, p->l3_off + qlen, 0))
+		return -1;
+	if (bpf_skb_adjust_room(skb, sizeof(ip6) + sizeof(icmp), BPF_ADJ_ROOM_MAC, 0))
+		return -1;
+	icmp.type = ICMP6_DST_UNREACH;
+	icmp.code = ICMP6_PORT_UNREACH;
+	ipv6_reply_hdr(&ip6, &ph, p, sizeof(icmp) + qlen, IPPROTO_ICMPV6_);
+	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+	csum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), csum);
+	csum = bpf_csum_diff(NULL, 0, (__be32 *)quote, qlen, csum);
+	icmp.checksum = csum_fold(csum);
+	if (bpf_skb_store_bytes(skb, p->l3_off, &ip6, sizeof(ip6), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip6), &icmp, sizeof(icmp), 0))
+		return -1;
+	return reject_bounce(skb);
+}
+
 /* Build and send the reject reply. Returns a TC action, or -1 when no reply
  * could be built (the caller drops the packet). */
-static __attribute__((noinline)) int reject_v4(struct __sk_buff *skb, const struct xvs_pkt *p)
+static __attribute__((noinline)) int reject_packet(struct __sk_buff *skb, const struct xvs_pkt *p)
 {
 	if (!p->has_l4)
 		return -1;
+	if (p->family == XVS_FAMILY_IPV6)
+		return p->proto == IPPROTO_TCP ? reject_tcp6(skb, p) : reject_icmp6(skb, p);
 	if (p->proto == IPPROTO_TCP)
 		return reject_tcp(skb, p);
 	return reject_icmp(skb, p);

@@ -34,13 +34,56 @@ static __always_inline const struct xvs_config *sock_config(struct bpf_sock_addr
 	return cfg;
 }
 
-static __always_inline void sock_key(struct xvs_sock_key *k, __u64 cookie, __be32 addr, __be16 port,
+static __always_inline void sock_key(struct xvs_sock_key *k, __u64 cookie, const __u8 addr[16], __be16 port,
 				     __u8 proto)
 {
 	k->cookie = cookie;
-	__builtin_memcpy(k->addr, &addr, sizeof(addr));
+	__builtin_memcpy(k->addr, addr, 16);
 	k->port = port;
 	k->proto = proto;
+}
+
+/* ctx fields must be read and written at constant offsets from ctx: the
+ * barriers keep the compiler from folding the four words into pointer
+ * arithmetic the verifier refuses. */
+#define sock_barrier() asm volatile("" ::: "memory")
+
+/* The socket address's IP as 16 bytes (IPv4 zero-padded). */
+static __always_inline void sock_get_ip(const struct bpf_sock_addr *ctx, bool v6, __u8 out[16])
+{
+	__u32 w[4] = {};
+
+	if (v6) {
+		w[0] = ctx->user_ip6[0];
+		sock_barrier();
+		w[1] = ctx->user_ip6[1];
+		sock_barrier();
+		w[2] = ctx->user_ip6[2];
+		sock_barrier();
+		w[3] = ctx->user_ip6[3];
+	} else {
+		w[0] = ctx->user_ip4;
+	}
+	__builtin_memcpy(out, w, 16);
+}
+
+static __always_inline void sock_set(struct bpf_sock_addr *ctx, bool v6, const __u8 addr[16], __be16 port)
+{
+	__u32 w[4];
+
+	__builtin_memcpy(w, addr, 16);
+	if (v6) {
+		ctx->user_ip6[0] = w[0];
+		sock_barrier();
+		ctx->user_ip6[1] = w[1];
+		sock_barrier();
+		ctx->user_ip6[2] = w[2];
+		sock_barrier();
+		ctx->user_ip6[3] = w[3];
+	} else {
+		ctx->user_ip4 = w[0];
+	}
+	ctx->user_port = port;
 }
 
 static __always_inline int sock_fail(__u32 v, int err)
@@ -52,7 +95,7 @@ static __always_inline int sock_fail(__u32 v, int err)
 
 /* Choose the backend for a host socket addressing ctx's destination and
  * rewrite the destination; returns the hook's verdict. */
-static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
+static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, bool v6)
 {
 	const struct xvs_config *cfg = sock_config(ctx);
 	__u8 proto = ctx->protocol;
@@ -61,12 +104,14 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
 		return SOCK_ALLOW;
 
 	struct xvs_pkt p = {
-		.saddr = addr_v4(cfg->snat_addr4),
-		.daddr = ctx->user_ip4,
 		.dport = (__be16)ctx->user_port,
 		.proto = proto,
+		.family = v6 ? XVS_FAMILY_IPV6 : XVS_FAMILY_IPV4,
 		.has_l4 = true,
 	};
+
+	__builtin_memcpy(p.saddr, v6 ? cfg->snat_addr6 : cfg->snat_addr4, 16);
+	sock_get_ip(ctx, v6, p.daddr);
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct xvs_sock_key k = {};
 	struct xvs_sock_value *have;
@@ -76,19 +121,19 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
 	sock_key(&k, cookie, p.daddr, p.dport, proto);
 	have = bpf_map_lookup_elem(&xvs_sock_fwd, &k);
 	if (have) {
-		ctx->user_ip4 = addr_v4(have->addr);
-		ctx->user_port = have->port;
+		sock_set(ctx, v6, have->addr, have->port);
 		return SOCK_ALLOW;
 	}
 
 	struct xvs_svc_key key = {};
 	struct xvs_svc_value *svc;
 
-	svc_key_v4(&key, p.daddr, p.dport, proto, XVS_SCOPE_POLICY);
+	svc_key(&key, p.daddr, p.dport, proto, p.family, XVS_SCOPE_POLICY);
 	svc = bpf_map_lookup_elem(&xvs_services, &key);
 	if (!svc)
 		return SOCK_ALLOW; /* not a frontend; tc sees what follows */
-	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) && !lpm_match_v4(&xvs_source_ranges, svc->svc_id, p.saddr))
+	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) &&
+	    !lpm_match(&xvs_source_ranges, svc->svc_id, p.saddr, p.family))
 		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
 	if (svc->flags & XVS_SVC_F_SHORT_CIRCUIT) {
 		/* eTP=Local: the node itself reaches every endpoint. */
@@ -119,10 +164,10 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
 	struct xvs_sock_value fwd = {.port = be->port}, rev = {.port = p.dport};
 
 	__builtin_memcpy(fwd.addr, be->addr, sizeof(fwd.addr));
-	__builtin_memcpy(rev.addr, &p.daddr, sizeof(p.daddr));
+	__builtin_memcpy(rev.addr, p.daddr, 16);
 	if (remember)
 		bpf_map_update_elem(&xvs_sock_fwd, &k, &fwd, BPF_ANY);
-	sock_key(&k, cookie, addr_v4(be->addr), be->port, proto);
+	sock_key(&k, cookie, be->addr, be->port, proto);
 	bpf_map_update_elem(&xvs_sock_rev, &k, &rev, BPF_ANY);
 
 	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &svc->svc_id);
@@ -133,51 +178,74 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember)
 	if (b)
 		b->conns++;
 	stats_verdict(XVS_V_SOCK_CONNECT, 0);
-	ctx->user_ip4 = addr_v4(be->addr);
-	ctx->user_port = be->port;
+	sock_set(ctx, v6, be->addr, be->port);
 	return SOCK_ALLOW;
 }
 
 /* Show the frontend instead of the backend (recvmsg, getpeername). */
-static __always_inline int sock_reverse(struct bpf_sock_addr *ctx)
+static __always_inline int sock_reverse(struct bpf_sock_addr *ctx, bool v6)
 {
 	const struct xvs_config *cfg = sock_config(ctx);
 	struct xvs_sock_key k = {};
 	struct xvs_sock_value *v;
+	__u8 ip[16];
 
 	if (!cfg)
 		return SOCK_ALLOW;
-	sock_key(&k, bpf_get_socket_cookie(ctx), ctx->user_ip4, (__be16)ctx->user_port, ctx->protocol);
+	sock_get_ip(ctx, v6, ip);
+	sock_key(&k, bpf_get_socket_cookie(ctx), ip, (__be16)ctx->user_port, ctx->protocol);
 	v = bpf_map_lookup_elem(&xvs_sock_rev, &k);
-	if (v) {
-		ctx->user_ip4 = addr_v4(v->addr);
-		ctx->user_port = v->port;
-	}
+	if (v)
+		sock_set(ctx, v6, v->addr, v->port);
 	return SOCK_ALLOW;
 }
 
 SEC("cgroup/connect4")
 int xvs_sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock_balance(ctx, false);
+	return sock_balance(ctx, false, false);
 }
 
 SEC("cgroup/sendmsg4")
 int xvs_sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock_balance(ctx, true);
+	return sock_balance(ctx, true, false);
 }
 
 SEC("cgroup/recvmsg4")
 int xvs_sock_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock_reverse(ctx);
+	return sock_reverse(ctx, false);
 }
 
 SEC("cgroup/getpeername4")
 int xvs_sock_getpeername4(struct bpf_sock_addr *ctx)
 {
-	return sock_reverse(ctx);
+	return sock_reverse(ctx, false);
+}
+
+SEC("cgroup/connect6")
+int xvs_sock_connect6(struct bpf_sock_addr *ctx)
+{
+	return sock_balance(ctx, false, true);
+}
+
+SEC("cgroup/sendmsg6")
+int xvs_sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock_balance(ctx, true, true);
+}
+
+SEC("cgroup/recvmsg6")
+int xvs_sock_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock_reverse(ctx, true);
+}
+
+SEC("cgroup/getpeername6")
+int xvs_sock_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return sock_reverse(ctx, true);
 }
 
 #endif

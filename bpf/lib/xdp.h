@@ -46,8 +46,8 @@ static __always_inline __u16 csum32_replace(__u16 check, __be32 from, __be32 to)
 	return csum16_replace(check, (__u16)from, (__u16)to);
 }
 
-/* Parse an IPv4 TCP/UDP packet in an XDP buffer. Fragments and anything
- * unusual return false: tc deals with them. */
+/* Parse an IPv4 TCP/UDP packet in an XDP buffer. Fragments, IPv6 and
+ * anything unusual return false: tc deals with them. */
 static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xvs_pkt *p)
 {
 	void *data = (void *)(long)ctx->data;
@@ -64,8 +64,9 @@ static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xvs_pkt *p)
 	p->l3_off = ETH_HLEN;
 	p->l4_off = ETH_HLEN + sizeof(*ip);
 	p->len = bpf_ntohs(ip->tot_len);
-	p->saddr = ip->saddr;
-	p->daddr = ip->daddr;
+	p->family = XVS_FAMILY_IPV4;
+	__builtin_memcpy(p->saddr, &ip->saddr, 4);
+	__builtin_memcpy(p->daddr, &ip->daddr, 4);
 	p->proto = ip->protocol;
 	p->has_l4 = true;
 	if (p->proto == IPPROTO_TCP) {
@@ -118,9 +119,10 @@ static __always_inline bool xdp_rewrite(struct xdp_md *ctx, const struct xvs_pkt
 	}
 	__u16 check = *l4check;
 	bool udp_none = p->proto == IPPROTO_UDP && check == 0;
+	__be32 saddr = addr_v4(rw->saddr), daddr = addr_v4(rw->daddr);
 
-	check = csum32_replace(check, ip->saddr, rw->saddr);
-	check = csum32_replace(check, ip->daddr, rw->daddr);
+	check = csum32_replace(check, ip->saddr, saddr);
+	check = csum32_replace(check, ip->daddr, daddr);
 	check = csum16_replace(check, ports[0], rw->sport);
 	check = csum16_replace(check, ports[1], rw->dport);
 	if (!udp_none)
@@ -130,22 +132,22 @@ static __always_inline bool xdp_rewrite(struct xdp_md *ctx, const struct xvs_pkt
 
 	__u16 ipcheck = ip->check;
 
-	ipcheck = csum32_replace(ipcheck, ip->saddr, rw->saddr);
-	ip->check = csum32_replace(ipcheck, ip->daddr, rw->daddr);
-	ip->saddr = rw->saddr;
-	ip->daddr = rw->daddr;
+	ipcheck = csum32_replace(ipcheck, ip->saddr, saddr);
+	ip->check = csum32_replace(ipcheck, ip->daddr, daddr);
+	ip->saddr = saddr;
+	ip->daddr = daddr;
 	return true;
 }
 
 SEC("xdp")
 int xvs_xdp(struct xdp_md *ctx)
 {
-	struct flow_res res = {.len = ctx->data_end - ctx->data};
-	struct xvs_pkt p = {};
-	__u32 len = res.len;
+	struct flow_scratch *sc = flow_scratch();
+	__u32 len = ctx->data_end - ctx->data;
 
-	if (!xdp_parse(ctx, &p))
+	if (!sc || !xdp_parse(ctx, &sc->pkt))
 		return XDP_PASS;
+	sc->res.len = len;
 	/* Room for the mark first: without it, tc must do everything. */
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct xvs_xdp_meta)))
 		return XDP_PASS;
@@ -157,9 +159,9 @@ int xvs_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	meta->magic = 0;
 
-	switch (flow_process(&p, &res)) {
+	switch (flow_process(&sc->pkt, &sc->res)) {
 	case XVS_ACT_NAT:
-		if (!xdp_rewrite(ctx, &p, &res.rw)) {
+		if (!xdp_rewrite(ctx, &sc->pkt, &sc->res.rw)) {
 			stats_verdict(XVS_V_DROP_REWRITE, len);
 			return XDP_DROP;
 		}
@@ -167,10 +169,10 @@ int xvs_xdp(struct xdp_md *ctx)
 		if ((void *)(meta + 1) > (void *)(long)ctx->data)
 			return XDP_DROP;
 		meta->magic = XVS_XDP_MAGIC;
-		stats_verdict(res.verdict, len);
+		stats_verdict(sc->res.verdict, len);
 		return XDP_PASS;
 	case XVS_ACT_DROP:
-		stats_verdict(res.verdict, len);
+		stats_verdict(sc->res.verdict, len);
 		return XDP_DROP;
 	}
 	/* PASS and REJECT: tc decides again (and counts). */
