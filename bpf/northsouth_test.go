@@ -238,3 +238,33 @@ func TestPrivPacketFiltering(t *testing.T) {
 }
 
 func mapsVerdictName(v xbpf.Verdict) string { return maps.VerdictName(v) }
+
+// TestPrivPacketSCTP: SCTP is balanced like UDP; only the address changes
+// (the CRC32c does not cover it), so the SCTP bytes leave untouched.
+func TestPrivPacketSCTP(t *testing.T) {
+	e := newEnv(t, loader.DefaultConfig())
+	sp := clusterIPService("sctp", vip, 9999, model.SCTP, netip.MustParseAddrPort("10.244.0.11:9999"))
+	e.syncState(t, false, sp)
+	// Ethernet, IPv4 (proto 132), SCTP common header and an INIT chunk.
+	sctp := []byte{0x9c, 0x40, 0x27, 0x0f, 0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef,
+		1, 0, 0, 20, 0, 0, 0, 1, 0, 0, 0x10, 0, 0, 1, 0, 1, 0, 0, 0, 1}
+	pkt := packet(t, podCli, vip, l4{proto: model.UDP, sport: 40000, dport: 9999, payload: make([]byte, len(sctp)-8)})
+	copy(pkt[14+20:], sctp)
+	pkt[14+9] = 132
+	pkt[14+10], pkt[14+11] = 0, 0
+	c := ipChecksum(pkt[14:34])
+	pkt[14+10], pkt[14+11] = byte(c>>8), byte(c)
+	ret, out := e.run(t, pkt)
+	if ret != tcActOK && ret != tcActRedirect {
+		t.Fatalf("SCTP to a ClusterIP: ret %d", ret)
+	}
+	if dst := netip.AddrFrom4([4]byte(out[30:34])); dst != netip.MustParseAddr("10.244.0.11") {
+		t.Fatalf("SCTP DNAT to %s", dst)
+	}
+	if string(out[34:]) != string(sctp) {
+		t.Fatal("the SCTP header or chunk changed")
+	}
+	if ipChecksum(out[14:34]) != 0 {
+		t.Fatal("IPv4 header checksum broken")
+	}
+}

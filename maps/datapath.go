@@ -329,6 +329,14 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		if fresh {
 			ws.freshSvcs = append(ws.freshSvcs, svcID)
 		}
+		if f.Proto == model.SCTP {
+			for _, ep := range sp.EndpointsForFrontend(f) {
+				if ep.Port != f.Port {
+					d.problems = append(d.problems, fmt.Sprintf("%s %s: SCTP port translation (to %s) is not supported by the ebpf datapath (its CRC32c covers the ports): such packets are dropped; use targetPort = port, or ipvs mode", name, f, ep))
+					break
+				}
+			}
+		}
 		d.owners[fk] = name
 		delete(released, fk)
 		a.frontends = append(a.frontends, fk)

@@ -185,6 +185,11 @@ static __always_inline __be16 flow_snat_port(const struct xvs_config *cfg, const
 	__u32 lo = cfg->snat_port_min, hi = cfg->snat_port_max;
 	struct xvs_ct_key rk = {};
 
+	if (proto == IPPROTO_SCTP) {
+		/* A new SCTP port would need the CRC32c recomputed: keep the
+		 * client's own port, and give up if it is taken. */
+		lo = hi = bpf_ntohs(rev->snat_port);
+	}
 	if (lo == 0 || hi < lo)
 		return 0;
 	__u32 span = hi - lo + 1;

@@ -45,6 +45,8 @@ static __always_inline int nat_rewrite_port(struct __sk_buff *skb, const struct 
 
 	if (!p->has_l4 || old_port == port)
 		return 0;
+	if (p->proto == IPPROTO_SCTP)
+		return -1; /* would need the CRC32c recomputed: never asked (see flow.h) */
 	ret = bpf_l4_csum_replace(skb, l4_csum_off(p), old_port, port, l4_csum_flags(p) | sizeof(port));
 	if (ret)
 		return ret;
@@ -59,7 +61,7 @@ static __always_inline int nat_rewrite_v6(struct __sk_buff *skb, const struct xv
 	const __u8 *old = src ? p->saddr : p->daddr;
 	int ret;
 
-	if (!addr_eq(old, addr)) {
+	if (!addr_eq(old, addr) && p->proto != IPPROTO_SCTP) {
 		__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)addr, 16, 0);
 
 		if (diff < 0)
@@ -80,31 +82,19 @@ static __always_inline int nat_rewrite_v4(struct __sk_buff *skb, const struct xv
 {
 	__be32 addr = addr_v4(addr16);
 	__be32 old_addr = addr_v4(src ? p->saddr : p->daddr);
-	__be16 old_port = src ? p->sport : p->dport;
 	__u32 addr_off = p->l3_off + (src ? IPV4_SADDR_OFF : IPV4_DADDR_OFF);
 	int ret;
 
-	if (p->has_l4) {
-		__u32 csum_off = l4_csum_off(p);
-		__u64 flags = l4_csum_flags(p);
-
-		if (old_addr != addr) {
-			ret = bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
-						  flags | BPF_F_PSEUDO_HDR | sizeof(addr));
-			if (ret)
-				return ret;
-		}
-		if (old_port != port) {
-			__u32 port_off = p->l4_off + (src ? offsetof(struct tcphdr, source)
-							  : offsetof(struct tcphdr, dest));
-			ret = bpf_l4_csum_replace(skb, csum_off, old_port, port, flags | sizeof(port));
-			if (ret)
-				return ret;
-			ret = bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0);
-			if (ret)
-				return ret;
-		}
+	/* SCTP's checksum does not cover the addresses. */
+	if (p->has_l4 && p->proto != IPPROTO_SCTP && old_addr != addr) {
+		ret = bpf_l4_csum_replace(skb, l4_csum_off(p), old_addr, addr,
+					  l4_csum_flags(p) | BPF_F_PSEUDO_HDR | sizeof(addr));
+		if (ret)
+			return ret;
 	}
+	ret = nat_rewrite_port(skb, p, src, port);
+	if (ret)
+		return ret;
 	if (old_addr != addr) {
 		ret = bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old_addr, addr, sizeof(addr));
 		if (ret)

@@ -77,9 +77,21 @@ static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
 	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
 }
 
+/* SCTP's common header: ports as in UDP, then verification tag and a
+ * CRC32c checksum that, unlike TCP's and UDP's, does not cover the IP
+ * addresses. */
+#define SCTP_HDR_LEN 12
+
 static __always_inline int l4_hdr_len(__u8 proto)
 {
-	return proto == IPPROTO_TCP ? sizeof(struct tcphdr) : sizeof(struct udphdr);
+	if (proto == IPPROTO_TCP)
+		return sizeof(struct tcphdr);
+	return proto == IPPROTO_SCTP ? SCTP_HDR_LEN : sizeof(struct udphdr);
+}
+
+static __always_inline bool l4_balanced(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
 /* Read the ports (and TCP flags) of the L4 header at p->l4_off. */
@@ -138,7 +150,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 	}
 	if (ip->version != 4 || ip->ihl < 5)
 		return XVS_PARSE_MALFORMED;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+	if (!l4_balanced(ip->protocol))
 		return XVS_PARSE_IGNORE;
 
 	__u32 ihl = ip->ihl * 4;
@@ -214,7 +226,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struc
 	}
 	if (ip6->version != 6)
 		return XVS_PARSE_MALFORMED;
-	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
+	if (!l4_balanced(ip6->nexthdr))
 		return XVS_PARSE_IGNORE;
 
 	__u32 plen = bpf_ntohs(ip6->payload_len);
