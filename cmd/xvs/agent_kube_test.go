@@ -648,8 +648,9 @@ featureGates: {SomeAlphaGate: true}
 
 // TestPrivAgentAPIServerOutage: with the API server stopped for 60 s the
 // datapath keeps serving its last state and /healthz stays 200 (nothing is
-// pending); when the server returns the agent's watches resume, and a
-// change made then is applied.
+// pending), even across an agent restart in the middle of the outage; when
+// the server returns the agent's watches resume (or, for the restarted
+// agent, its caches sync), and a change made then is applied.
 func TestPrivAgentAPIServerOutage(t *testing.T) {
 	w := newKubeWorld(t)
 	w.startKubeAgent(t)
@@ -666,7 +667,33 @@ func TestPrivAgentAPIServerOutage(t *testing.T) {
 	}
 	down := time.Now()
 	probes := 0
+	restarted := false
 	for time.Since(down) < 60*time.Second {
+		if !restarted && time.Since(down) > 25*time.Second {
+			// An agent (re)started while the API server is away must not
+			// sync before its informers have synced: the pinned state
+			// keeps serving instead of an empty one.
+			if err := w.Agent.Stop(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			w.startKubeAgent(t)
+			restarted = true
+			// Until the new agent serves /healthz (it loads its program
+			// first), connections must keep working.
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second); r.Verdict != lab.OK {
+					t.Fatalf("while the agent restarts: %v", r)
+				}
+				probes++
+				if code, _, _, err := nsGet(w.Node.NS, "http://127.0.0.1:10256/healthz"); err == nil && code == 200 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("restarted agent never served /healthz")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
 		got, err := spread(6, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) })
 		if err != nil || len(got) < 2 {
 			t.Fatalf("%v into the outage: %v %v", time.Since(down).Round(time.Second), got, err)
