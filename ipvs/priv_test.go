@@ -81,6 +81,7 @@ func TestPrivIPVSKernel(t *testing.T) {
 	sp := webPort(ep(ep1, true), ep(ep2, false))
 	sp.Affinity = model.Affinity{ClientIP: true, TimeoutSeconds: 300}
 	sp.Scheduler = "sh"
+	sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 	st := state(sp, dnsPort(ep(ep1, true)))
 	in(t, ns, func() error { return d.Sync(context.Background(), st) })
 
@@ -117,7 +118,7 @@ func TestPrivIPVSKernel(t *testing.T) {
 		}
 	}
 	rules := run(t, ns, "nft", "list", "table", "ip", TableName)
-	for _, want := range []string{"10.96.0.10 . 6 . 80", "10.96.0.10 . 17 . 53", "masquerade", "reject"} {
+	for _, want := range []string{"10.96.0.10 . 6 . 80", "10.96.0.10 . 17 . 53", "masquerade", "reject", "203.0.113.7 . 6 . 80 . 192.0.2.0/24"} {
 		if !strings.Contains(rules, want) {
 			t.Errorf("nft table lacks %q:\n%s", want, rules)
 		}

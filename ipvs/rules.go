@@ -135,8 +135,17 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 		writeSet(&b, "lb_allow", key+" . "+fam.addrType, "interval", lbAllow)
 		ip := fam.nft
 		fmt.Fprintf(&b, "\tchain filter_input {\n\t\ttype filter hook input priority filter; policy accept;\n")
-		fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw %s daddr . meta l4proto . th dport . %s saddr != @lb_allow counter drop\n", ip, ip, ip)
 		fmt.Fprintf(&b, "\t\tct state new %s daddr @vips %s daddr . meta l4proto . th dport != @services counter reject\n", ip, ip)
+		if len(lbFW) > 0 {
+			// 6.12 refuses (EOPNOTSUPP) meta l4proto in a lookup into a
+			// concatenated interval set; the header's protocol field works.
+			proto := "ip protocol"
+			if !fam.is4 {
+				proto = "ip6 nexthdr"
+			}
+			fmt.Fprintf(&b, "\t\t%s daddr . %s . th dport . %s saddr @lb_allow accept\n", ip, proto, ip)
+			fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw counter drop\n", ip)
+		}
 		fmt.Fprintf(&b, "\t}\n")
 		// Mark-then-masquerade, as kube-proxy: the decision needs the
 		// Service port, which only the packet before IPVS's DNAT carries.
