@@ -348,13 +348,13 @@ func metricValue(body, series string) float64 {
 	return v
 }
 
-// TestPrivAgentKubernetes: the agent against a real API server. Services
+// TestPrivKubeAgent: the agent against a real API server. Services
 // and EndpointSlices written with client-go reach the maps, real TCP and
 // UDP from a client namespace reach the right pods, EndpointSlice changes
 // are programmed in well under a second, kube-proxy's endpoints answer as
 // kube-proxy's do, the Starting Event is on the Node, and bad input gets a
 // Warning Event and a metric.
-func TestPrivAgentKubernetes(t *testing.T) {
+func TestPrivKubeAgent(t *testing.T) {
 	w := newKubeWorld(t)
 	w.startKubeAgent(t)
 	w.waitBackends(t, demoVIP, 80, 3, 60*time.Second)
@@ -549,12 +549,12 @@ func waitEvent(t *testing.T, w *kubeWorld, kind, name, reason string) eventSumma
 	}
 }
 
-// TestPrivAgentHealthCheckNodePort: an externalTrafficPolicy=Local
+// TestPrivKubeHealthCheckNodePort: an externalTrafficPolicy=Local
 // LoadBalancer Service gets a health check server on its
 // healthCheckNodePort, reachable from a client on the node's address,
 // answering 200 with local endpoints and 503 without, with kube-proxy's
 // body and headers.
-func TestPrivAgentHealthCheckNodePort(t *testing.T) {
+func TestPrivKubeHealthCheckNodePort(t *testing.T) {
 	w := newKubeWorld(t)
 	lb := webService("lb", netip.MustParseAddr("172.30.0.12"), v1.ServiceTypeLoadBalancer)
 	lb.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
@@ -646,12 +646,12 @@ featureGates: {SomeAlphaGate: true}
 	}
 }
 
-// TestPrivAgentAPIServerOutage: with the API server stopped for 60 s the
+// TestPrivKubeAPIServerOutage: with the API server stopped for 60 s the
 // datapath keeps serving its last state and /healthz stays 200 (nothing is
 // pending), even across an agent restart in the middle of the outage; when
 // the server returns the agent's watches resume (or, for the restarted
 // agent, its caches sync), and a change made then is applied.
-func TestPrivAgentAPIServerOutage(t *testing.T) {
+func TestPrivKubeAPIServerOutage(t *testing.T) {
 	w := newKubeWorld(t)
 	w.startKubeAgent(t)
 	w.waitBackends(t, demoVIP, 80, 3, 60*time.Second)
