@@ -1,6 +1,7 @@
 package bpf_test
 
 import (
+	xbpf "github.com/xvs-lb/xvs/bpf"
 	"net/netip"
 	"testing"
 	"time"
@@ -234,5 +235,42 @@ func TestPrivSchedAffinity(t *testing.T) {
 	e.sync(t, smaller)
 	if got := newConn(t, e, client, 3001); got == sticky {
 		t.Fatalf("client still sent to removed backend %s", sticky)
+	}
+}
+
+// TestPrivReaper: a flow that expires without closing still counted for
+// the least-connection schedulers; the agent's reaper deletes its entries
+// and hands its connection back.
+func TestPrivReaper(t *testing.T) {
+	e, _ := schedService(t, "lc")
+	b := newConn(t, e, client, 1000)
+	var k xbpf.CtKey
+	var v xbpf.CtEntry
+	var keys []xbpf.CtKey
+	it := e.m.Conntrack.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if len(keys) != 2 {
+		t.Fatalf("%d conntrack entries, want 2", len(keys))
+	}
+	// Age both entries past their expiry.
+	for _, k := range keys {
+		if err := e.m.Conntrack.Lookup(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.Expires = 1
+		if err := e.m.Conntrack.Update(&k, &v, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := e.dp.Reap(0)
+	if err != nil || n != 2 {
+		t.Fatalf("reaped %d entries (%v), want 2", n, err)
+	}
+	// b holds nothing again, like the others: lc takes the first slot of
+	// the tie, b's (had the connection still counted, b would be last).
+	if got := newConn(t, e, client, 3000); got != b {
+		t.Fatalf("after the reap, lc chose %s, want %s", got, b)
 	}
 }
