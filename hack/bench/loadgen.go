@@ -90,6 +90,15 @@ func (r loadResult) Rate() float64 {
 // connection, the same for every datapath. Only completions inside the
 // window after warmup count.
 func runLoad(ctx context.Context, client netns.NsHandle, mode loadMode, targets []netip.AddrPort, workers int, warmup, window time.Duration) (loadResult, error) {
+	return runLoadMarked(ctx, client, mode, targets, workers, warmup, window, nil)
+}
+
+// runLoadMarked is runLoad calling mark(true) as the window opens and
+// mark(false) as it closes.
+func runLoadMarked(ctx context.Context, client netns.NsHandle, mode loadMode, targets []netip.AddrPort, workers int, warmup, window time.Duration, mark func(start bool)) (loadResult, error) {
+	if mark == nil {
+		mark = func(bool) {}
+	}
 	if len(targets) == 0 || workers < 1 {
 		return loadResult{}, errors.New("load: no targets or workers")
 	}
@@ -172,6 +181,7 @@ func runLoad(ctx context.Context, client netns.NsHandle, mode loadMode, targets 
 		}
 	}
 	err := timer(warmup)
+	mark(true)
 	start, cpu0 := time.Now(), processCPU()
 	if err == nil {
 		phase.Store(1)
@@ -179,6 +189,7 @@ func runLoad(ctx context.Context, client netns.NsHandle, mode loadMode, targets 
 	}
 	res := loadResult{Window: time.Since(start), CPU: processCPU() - cpu0}
 	phase.Store(2)
+	mark(false)
 	wg.Wait()
 	if err != nil {
 		return res, err

@@ -145,6 +145,7 @@ func trafficReport(opts Options, rs []trafficResult, plots map[string]string) []
 		fmt.Fprintf(&b, "![CPU time per connection against the number of Services](%s)\n\n", p)
 	}
 	writeMetricTable(&b, "CPU time per new connection (µs)", "µs of process CPU per connection", "%.1f", 1e3, rs, mCPUConn)
+	writeProgCost(&b, rs)
 	if p := plots["rr"]; p != "" {
 		fmt.Fprintf(&b, "![requests per second over kept-alive connections against the number of Services](%s)\n\n", p)
 	}
@@ -228,6 +229,33 @@ func writeMetricTable(b *bytes.Buffer, title, unit, format string, scale float64
 			fmt.Fprintf(b, " %s |", fmtRatio(m.ratio(r.Cells[p[0]], r.Cells[p[1]])))
 		}
 		fmt.Fprintln(b)
+	}
+	fmt.Fprintln(b)
+}
+
+// writeProgCost says how much of xvs's extra CPU per connection is the tc
+// program itself, from the kernel's BPF run-time statistics.
+func writeProgCost(b *bytes.Buffer, rs []trafficResult) {
+	var rows []string
+	for _, r := range rs {
+		x, f := r.Cells[dpXvs], r.Cells[dpFloor]
+		if x == nil || f == nil || len(x.Runs) == 0 || x.Runs[0].Prog == nil || x.Runs[0].Prog.Conns == 0 || x.Runs[0].Prog.Runs == 0 {
+			continue
+		}
+		p := x.Runs[0].Prog
+		perConn := float64(p.Runtime) / float64(p.Conns)
+		extra := cellMedian(x, cpuConn) - cellMedian(f, cpuConn)
+		rows = append(rows, fmt.Sprintf("| %d | %.1f | %.0f | %.1f | %.1f |", r.N, float64(p.Runs)/float64(p.Conns),
+			float64(p.Runtime)/float64(p.Runs), perConn/1e3, extra/1e3))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "### Where xvs's extra cost per connection goes\n\n")
+	fmt.Fprintf(b, "A separate connections run per size (first round, not counted above) with the kernel's BPF run-time statistics on: how often `xvs_tc_ingress` ran per connection (both directions: client to VIP on the client's interface, replies on the pods' interfaces) and for how long, beside the difference of the medians of CPU per connection (xvs minus floor). What the program does not explain is the rest of the tc path (TCX dispatch, FIB lookup, `bpf_redirect_neigh` instead of the stack's forwarding).\n\n")
+	fmt.Fprintf(b, "| Services | program runs per connection | ns per run | program µs per connection | xvs CPU minus floor CPU per connection (µs) |\n|---:|---:|---:|---:|---:|\n")
+	for _, row := range rows {
+		fmt.Fprintln(b, row)
 	}
 	fmt.Fprintln(b)
 }

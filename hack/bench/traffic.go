@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/loader"
@@ -139,6 +141,18 @@ func (o TrafficOptions) validate() error {
 // trafficRun is one datapath's figures at one size in one round.
 type trafficRun struct {
 	CPS, RR loadResult
+	// Prog is, for xvs in the first round, a separate connections run with
+	// the kernel's BPF run-time statistics on (they cost a little, so not
+	// during the measured runs): how often the tc program ran and for how
+	// long, per connection.
+	Prog *progCost `json:",omitempty"`
+}
+
+type progCost struct {
+	Conns    int
+	Runs     uint64
+	Runtime  time.Duration
+	CPUPerOp time.Duration // the run's process CPU per connection
 }
 
 // trafficCell is everything measured for one datapath at one size.
@@ -161,6 +175,8 @@ type trafficWorld struct {
 	servers []*benchServer
 	dir     string
 	pinRoot string
+	// prog is xvs's tc program while xvs is installed.
+	prog *ebpf.Program
 }
 
 func newTrafficWorld() (_ *trafficWorld, err error) {
@@ -347,6 +363,10 @@ func (w *trafficWorld) installXvs(ctx context.Context, n, maxN int) (time.Durati
 	cfg.MaxServiceSlots = max(cfg.MaxServiceSlots, pow2(maxN*(1+len(trafficPodIPs))))
 	cfg.MaxServices = max(cfg.MaxServices, pow2(maxN))
 	remove := func() error {
+		if w.prog != nil {
+			w.prog.Close()
+			w.prog = nil
+		}
 		return errors.Join(w.node.Do(func() error { return loader.Cleanup(cfg.PinPath) }), os.RemoveAll(cfg.PinPath))
 	}
 	_ = remove()
@@ -355,6 +375,9 @@ func (w *trafficWorld) installXvs(ctx context.Context, n, maxN int) (time.Durati
 		return 0, nil, err
 	}
 	defer objs.Close() // the pins and links keep the datapath alive
+	if w.prog, err = objs.XvsTcIngress.Clone(); err != nil {
+		return 0, nil, errors.Join(err, remove())
+	}
 	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		return 0, nil, errors.Join(err, remove())
@@ -461,7 +484,7 @@ func measureTraffic(ctx context.Context, opts Options) (_ []trafficResult, err e
 				if cell == nil {
 					continue
 				}
-				run, took, err := w.measureOne(ctx, d, n, maxN, to)
+				run, took, err := w.measureOne(ctx, d, n, maxN, to, round == 0)
 				if err != nil {
 					return nil, fmt.Errorf("%d services, %s: %w", n, d, err)
 				}
@@ -479,7 +502,7 @@ func measureTraffic(ctx context.Context, opts Options) (_ []trafficResult, err e
 }
 
 // measureOne installs d, checks it, runs cps then rr, and removes it.
-func (w *trafficWorld) measureOne(ctx context.Context, d datapath, n, maxN int, to TrafficOptions) (run trafficRun, took time.Duration, err error) {
+func (w *trafficWorld) measureOne(ctx context.Context, d datapath, n, maxN int, to TrafficOptions, first bool) (run trafficRun, took time.Duration, err error) {
 	if err := w.flushConntrack(); err != nil {
 		return run, 0, err
 	}
@@ -498,6 +521,11 @@ func (w *trafficWorld) measureOne(ctx context.Context, d datapath, n, maxN int, 
 	if run.RR, err = runLoad(ctx, w.client.Handle, modeRR, ts, to.Workers, to.Warmup, to.Window); err != nil {
 		return run, 0, err
 	}
+	if d == dpXvs && first && w.prog != nil {
+		if run.Prog, err = w.progCost(ctx, ts, to); err != nil {
+			return run, 0, err
+		}
+	}
 	for _, r := range []loadResult{run.CPS, run.RR} {
 		// A datapath that loses connections must not look fast.
 		if r.Completed == 0 || r.Errors*100 > r.Completed {
@@ -505,4 +533,38 @@ func (w *trafficWorld) measureOne(ctx context.Context, d datapath, n, maxN int, 
 		}
 	}
 	return run, took, nil
+}
+
+// progCost runs connections for one window with BPF run-time statistics
+// enabled (only while their fd is open) and reads the tc program's run
+// count and time as the window opens and closes.
+func (w *trafficWorld) progCost(ctx context.Context, ts []netip.AddrPort, to TrafficOptions) (*progCost, error) {
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF statistics: %w", err)
+	}
+	defer stats.Close()
+	var before, after *ebpf.ProgramStats
+	var serr error
+	mark := func(start bool) {
+		st, err := w.prog.Stats()
+		serr = errors.Join(serr, err)
+		if start {
+			before = st
+		} else {
+			after = st
+		}
+	}
+	r, err := runLoadMarked(ctx, w.client.Handle, modeCPS, ts, to.Workers, to.Warmup, to.Window, mark)
+	if err = errors.Join(err, serr); err != nil {
+		return nil, err
+	}
+	// Connections in flight at either edge of the window make the
+	// per-connection figures approximate to a few in thousands.
+	return &progCost{
+		Conns:    r.Completed,
+		Runs:     after.RunCount - before.RunCount,
+		Runtime:  after.Runtime - before.Runtime,
+		CPUPerOp: r.CPUPerOp(),
+	}, nil
 }
