@@ -44,8 +44,10 @@ func (w *world) dial(c client, to netip.AddrPort, proto string, timeout time.Dur
 	case "UDP":
 		r := lab.ProbeUDP(c.ns, c.src, to, timeout)
 		return try{r.Verdict, r.Reply, r.Err}
+	case "SCTP":
+		return probeSCTP(c.ns, c.src, to, timeout)
 	}
-	return try{verdict: lab.Failed, err: fmt.Errorf("%s probes are not supported by this runner (Go has no %s sockets; %s)", proto, proto, sctpKernel())}
+	return try{verdict: lab.Failed, err: fmt.Errorf("%s probes are not supported by this runner", proto)}
 }
 
 // ProbeResult is one evaluated probe (or hold or check).

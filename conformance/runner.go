@@ -369,6 +369,9 @@ func (w *world) close(bin string) error {
 	}
 	errs := []error{os.RemoveAll(w.pinPath)}
 	w.sentinel.close()
+	for _, e := range w.sctp {
+		e.close()
+	}
 	errs = append(errs, w.lab.Close())
 	if w.dir != "" {
 		errs = append(errs, os.RemoveAll(w.dir))

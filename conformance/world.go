@@ -53,6 +53,7 @@ type world struct {
 	logPath  string
 	agent    *lab.Process
 	holds    map[string]net.Conn
+	sctp     []*sctpEcho
 }
 
 type listenKey struct {
@@ -325,9 +326,9 @@ func (w *world) addRemotePod(a netip.Addr) (*lab.NS, error) {
 	return ns, nil
 }
 
-// startListener starts an echo server on ap for the protocols it can
-// serve. SCTP cannot be served by the lab's echo servers (Go has no SCTP
-// sockets); it is recorded so probes to it fail with that reason.
+// startListener starts an echo server on ap for each protocol. An SCTP
+// listener that cannot be created (no sctp module) is recorded so probes
+// to it fail with that reason.
 func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) error {
 	var ps []lab.Proto
 	for _, p := range protos {
@@ -337,8 +338,16 @@ func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) er
 			ps = append(ps, lab.TCP)
 		case "UDP":
 			ps = append(ps, lab.UDP)
+		case "SCTP":
+			e, err := startSCTPEcho(ns, ap)
+			if err != nil {
+				// Probes to it fail with this reason; the others still run.
+				w.unsupported[k] = err.Error()
+				continue
+			}
+			w.sctp = append(w.sctp, e)
 		default:
-			w.unsupported[k] = "the runner has no " + p + " listener or probe (Go has no " + p + " sockets; " + sctpKernel() + ")"
+			w.unsupported[k] = "the runner has no " + p + " listener"
 			continue
 		}
 		w.listening[k] = true

@@ -1,0 +1,200 @@
+package conformance
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xvs-lb/xvs/lab"
+)
+
+// SCTP support. Go's net package has no SCTP, but a one-to-one style SCTP
+// socket (SOCK_STREAM, IPPROTO_SCTP) behaves like a TCP socket for
+// accept/read/write, so the runner creates it with raw syscalls and hands
+// it to net.FileListener / net.FileConn for deadlines and the poller. The
+// kernel needs the sctp module; without it socket() fails and the probe
+// reports that, as a failure.
+
+func sctpSockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}
+	}
+	return &unix.SockaddrInet6{Addr: ap.Addr().As16(), Port: int(ap.Port())}
+}
+
+func sctpSocket(a netip.Addr) (int, error) {
+	fam := unix.AF_INET
+	if a.Is6() {
+		fam = unix.AF_INET6
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
+	if err != nil {
+		return -1, fmt.Errorf("SCTP socket: %w (%s)", err, sctpKernel())
+	}
+	return fd, nil
+}
+
+// sctpEcho answers SCTP associations like lab's echo servers answer TCP:
+// a greeting with the local address it was reached on and the peer, then
+// an echo of whatever comes.
+type sctpEcho struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+func startSCTPEcho(ns *lab.NS, ap netip.AddrPort) (*sctpEcho, error) {
+	s := &sctpEcho{conns: map[net.Conn]bool{}}
+	err := ns.Do(func() error {
+		fd, err := sctpSocket(ap.Addr())
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "sctp-listener")
+		defer f.Close() // FileListener dups the descriptor
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			return err
+		}
+		if ap.Addr().Is6() {
+			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+				return err
+			}
+		}
+		if err := unix.Bind(fd, sctpSockaddr(ap)); err != nil {
+			return fmt.Errorf("bind SCTP %s: %w", ap, err)
+		}
+		if err := unix.Listen(fd, 128); err != nil {
+			return err
+		}
+		s.ln, err = net.FileListener(f)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: SCTP echo on %s: %w", ns.Name, ap, err)
+	}
+	s.wg.Add(1)
+	go s.serve()
+	return s, nil
+}
+
+func (s *sctpEcho) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		s.mu.Lock()
+		s.conns[c] = true
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+				c.Close()
+			}()
+			if _, err := io.WriteString(c, lab.Greeting(addrPortOf(c.LocalAddr()), addrPortOf(c.RemoteAddr()))); err != nil {
+				return
+			}
+			io.Copy(c, c)
+		}()
+	}
+}
+
+func (s *sctpEcho) close() {
+	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// addrPortOf reads the address of an SCTP socket wrapped by the net
+// package (which takes a SOCK_STREAM inet socket for TCP).
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return unmapAP(t.AddrPort())
+	}
+	return netip.AddrPort{}
+}
+
+// probeSCTP opens an association from ns/src to dst and reads the greeting.
+// A refused association (ABORT) or an ICMP error is REJECT; no answer
+// within timeout is DROP.
+func probeSCTP(ns *lab.NS, src netip.Addr, dst netip.AddrPort, timeout time.Duration) try {
+	var c net.Conn
+	err := ns.Do(func() error {
+		fd, err := sctpSocket(dst.Addr())
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "sctp-probe")
+		defer f.Close()
+		lvl, free := unix.IPPROTO_IP, unix.IP_FREEBIND
+		if dst.Addr().Is6() {
+			lvl, free = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
+		}
+		if err := unix.SetsockoptInt(fd, lvl, free, 1); err != nil {
+			return err
+		}
+		if err := unix.Bind(fd, sctpSockaddr(netip.AddrPortFrom(src, 0))); err != nil {
+			return fmt.Errorf("bind SCTP %s: %w", src, err)
+		}
+		// A blocking connect on this locked thread, bounded by SO_SNDTIMEO:
+		// the kernel returns EINPROGRESS when it expires.
+		tv := unix.NsecToTimeval(timeout.Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+			return err
+		}
+		if err := unix.Connect(fd, sctpSockaddr(dst)); err != nil {
+			return err
+		}
+		c, err = net.FileConn(f)
+		return err
+	})
+	if err != nil {
+		switch {
+		case errors.Is(err, unix.EINPROGRESS), errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ETIMEDOUT):
+			return try{verdict: lab.Timeout, err: fmt.Errorf("SCTP %s->%s: %w", src, dst, err)}
+		}
+		err = fmt.Errorf("SCTP %s->%s: %w", src, dst, err)
+		return try{verdict: lab.Classify(err), err: err}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	buf := make([]byte, 512)
+	var line []byte
+	for len(line) < len(buf) {
+		n, err := c.Read(buf[:1])
+		if err != nil {
+			return try{verdict: lab.Classify(err), err: fmt.Errorf("SCTP greeting from %s: %w", dst, err)}
+		}
+		if n == 1 {
+			if buf[0] == '\n' {
+				break
+			}
+			line = append(line, buf[0])
+		}
+	}
+	r, err := lab.ParseGreeting(string(line))
+	if err != nil {
+		return try{verdict: lab.Failed, err: err}
+	}
+	return try{verdict: lab.OK, reply: r}
+}
