@@ -291,6 +291,107 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 	}
 }
 
+// TestPrivIPVSUDPEndpointChanges: a UDP client that keeps its source port
+// moves to another backend once its backend is removed (the real server
+// goes at once: UDP never drains), and is served again when a Service's
+// endpoints come back after it had none (#139628). No conntrack entry of
+// the removed backend is left. Note: kernel IPVS drops those entries
+// itself here (expire_nodest_conn with vs.conntrack=1; datagrams to a
+// virtual server without real servers are never confirmed), so this test
+// passes without xvs's stale-UDP cleanup too; the cleanup's rule is unit
+// tested (TestStaleUDPFilter).
+func TestPrivIPVSUDPEndpointChanges(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
+	udp := netip.AddrPortFrom(demoVIP, 53)
+	var uc *net.UDPConn
+	if err := w.Client.Do(func() (err error) {
+		uc, err = net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(demoClientIP, 40053)), net.UDPAddrFromAddrPort(udp))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	ask := func() (lab.Reply, error) {
+		if _, err := uc.Write([]byte("ping")); err != nil {
+			return lab.Reply{}, err
+		}
+		_ = uc.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 512)
+		n, err := uc.Read(buf)
+		if err != nil {
+			return lab.Reply{}, err
+		}
+		return lab.ParseGreeting(string(buf[:n]))
+	}
+	first, err := ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if r, err := ask(); err != nil || r.Local != first.Local {
+			t.Fatalf("same source port moved before any change: %v %v (first %v)", r, err, first)
+		}
+	}
+	var keep []netip.Addr
+	for _, a := range demoPodIPs {
+		if a != first.Local.Addr() {
+			keep = append(keep, a)
+		}
+	}
+	if err := w.writeService(keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(2, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out, err := lab.Run(w.Node.NS, "conntrack", "-L", "-p", "udp", "--reply-src", first.Local.Addr().String())
+	if err != nil {
+		t.Fatalf("conntrack -L: %v: %s", err, out)
+	}
+	if strings.Contains(string(out), "dport=53") {
+		t.Fatalf("conntrack entries of the removed UDP backend left:\n%s", out)
+	}
+	var r lab.Reply
+	for i := range 5 {
+		if r, err = ask(); err == nil {
+			break
+		}
+		t.Logf("datagram %d after removal: %v", i, err)
+	}
+	if err != nil || r.Local == first.Local || r.Local.Port() != demoBackendPort {
+		t.Fatalf("after removing %s: reply %v, %v; want another backend", first.Local, r, err)
+	}
+
+	// #139628: datagrams to a Service without endpoints leave an entry
+	// that, kept, blackholes the client's flow once endpoints come back.
+	if err := w.writeService(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(0, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if r, err := ask(); err == nil {
+			t.Fatalf("reply %v from a Service without endpoints", r)
+		}
+	}
+	if err := w.writeService(demoPodIPs); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.waitIPVS(3, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if r, err = ask(); err == nil {
+			break
+		}
+		t.Logf("datagram %d after the endpoints came back: %v", i, err)
+	}
+	if err != nil {
+		t.Fatalf("the client's flow stays blackholed after the endpoints came back: %v", err)
+	}
+}
+
 // TestPrivIPVSFallback: a forced BPF load failure with --fallback=ipvs
 // serves through IPVS, says why (log line, Node Event to the recording
 // sink --event-file, metric), and removes the BPF state; the next agent
