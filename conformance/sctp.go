@@ -146,12 +146,16 @@ func probeSCTP(ns *lab.NS, src netip.Addr, dst netip.AddrPort, timeout time.Dura
 		}
 		f := os.NewFile(uintptr(fd), "sctp-probe")
 		defer f.Close()
-		lvl, free := unix.IPPROTO_IP, unix.IP_FREEBIND
+		// IP_RECVERR: an ICMP unreachable answering the INIT is a hard
+		// error (REJECT), not a soft one the association retries past.
+		lvl, free, recverr := unix.IPPROTO_IP, unix.IP_FREEBIND, unix.IP_RECVERR
 		if dst.Addr().Is6() {
-			lvl, free = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
+			lvl, free, recverr = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, unix.IPV6_RECVERR
 		}
-		if err := unix.SetsockoptInt(fd, lvl, free, 1); err != nil {
-			return err
+		for _, o := range []int{free, recverr} {
+			if err := unix.SetsockoptInt(fd, lvl, o, 1); err != nil {
+				return err
+			}
 		}
 		if err := unix.Bind(fd, sctpSockaddr(netip.AddrPortFrom(src, 0))); err != nil {
 			return fmt.Errorf("bind SCTP %s: %w", src, err)
