@@ -40,6 +40,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -154,15 +155,35 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 	if s.files, err = writePKI(s.Dir); err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
 	}
+	s.Log = filepath.Join(s.Dir, "apiserver.log")
+	s.Kubeconfig = filepath.Join(s.Dir, "admin.kubeconfig")
+	// Free ports are picked, released and bound again by the server: a
+	// concurrent test may take one in between. Then the server exits
+	// before it is ready, and new ports are tried.
+	for attempt := 1; ; attempt++ {
+		mark := logSize(s.Log)
+		err := s.configure(opts)
+		if err == nil {
+			err = s.start(ctx)
+		}
+		if err == nil {
+			return s, nil
+		}
+		if attempt == 3 || !strings.Contains(s.logSince(mark), "address already in use") {
+			return nil, err
+		}
+	}
+}
+
+// configure picks the ports and derives the arguments, the admin client
+// and the kubeconfig from them.
+func (s *Server) configure(opts Options) error {
 	ports, err := freePorts(3)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Port = ports[0]
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(s.Port)
-	s.Log = filepath.Join(s.Dir, "apiserver.log")
-	s.Kubeconfig = filepath.Join(s.Dir, "admin.kubeconfig")
-
 	cidrs := opts.ServiceCIDRs
 	if cidrs == "" {
 		cidrs = DefaultServiceCIDRs
@@ -195,7 +216,7 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 
 	caPEM, err := os.ReadFile(f.caCert)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Config = &rest.Config{
 		Host:            s.URL,
@@ -205,15 +226,9 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 		Burst:           400,
 	}
 	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
-		return nil, err
+		return err
 	}
-	if err := s.WriteKubeconfig(s.Kubeconfig, s.Config); err != nil {
-		return nil, err
-	}
-	if err := s.start(ctx); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return s.WriteKubeconfig(s.Kubeconfig, s.Config)
 }
 
 func (s *Server) start(ctx context.Context) error {
@@ -362,6 +377,25 @@ func (s *Server) Close() error {
 		err = errors.Join(err, os.RemoveAll(s.Dir))
 	}
 	return err
+}
+
+func logSize(path string) int64 {
+	if st, err := os.Stat(path); err == nil {
+		return st.Size()
+	}
+	return 0
+}
+
+// logSince returns the log from byte offset off on.
+func (s *Server) logSince(off int64) string {
+	f, err := os.Open(s.Log)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	f.Seek(off, io.SeekStart)
+	b, _ := io.ReadAll(f)
+	return string(b)
 }
 
 // LogTail returns up to n bytes from the end of the log.
