@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -243,4 +244,33 @@ func runChild(t *testing.T) {
 	fmt.Printf("CHILD-SERVER %d %s\n", srv.PID(), srv.Dir)
 	time.Sleep(time.Minute) // killed by the parent before this ends
 	srv.Close()
+}
+
+// TestAPIServerRetriesATakenPort: a port picked free but taken before the
+// server binds it (by a concurrent test) costs a retry, not a failure.
+func TestAPIServerRetriesATakenPort(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	calls := 0
+	pickPorts = func(n int) ([]int, error) {
+		calls++
+		ports, err := freePorts(n)
+		if calls == 1 && err == nil {
+			ports[0] = port
+		}
+		return ports, err
+	}
+	defer func() { pickPorts = freePorts }()
+
+	srv := StartT(t, Options{})
+	if calls != 2 || srv.Port == port {
+		t.Fatalf("%d port picks, serving on %d (the taken port is %d)", calls, srv.Port, port)
+	}
+	if !strings.Contains(srv.LogTail(1<<20), "address already in use") {
+		t.Fatal("the first attempt did not fail on the taken port")
+	}
 }

@@ -178,7 +178,7 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 // configure picks the ports and derives the arguments, the admin client
 // and the kubeconfig from them.
 func (s *Server) configure(opts Options) error {
-	ports, err := freePorts(3)
+	ports, err := pickPorts(3)
 	if err != nil {
 		return err
 	}
@@ -471,6 +471,9 @@ func (s *Server) WriteKubeconfig(path string, cfg *rest.Config) error {
 	kc.CurrentContext = "xvs-test"
 	return clientcmd.WriteToFile(*kc, path)
 }
+
+// pickPorts is freePorts; tests replace it to provoke a taken port.
+var pickPorts = freePorts
 
 func freePorts(n int) ([]int, error) {
 	var ports []int
