@@ -104,14 +104,14 @@ func (w *trafficWorld) installAgent(ctx context.Context, d datapath, n int, bin 
 	for {
 		if ended, aerr := p.Exited(); ended {
 			log, _ := os.ReadFile(logPath)
-			return 0, nil, errors.Join(fmt.Errorf("agent exited (%v): %s", aerr, firstLines(string(log), 20)), remove())
+			return 0, nil, errors.Join(fmt.Errorf("agent exited (%v): %s", aerr, tail(string(log), 25)), remove())
 		}
 		if w.client.Do(func() error { _, err := oneConnection(last, make([]byte, reqSize), make([]byte, 64)); return err }) == nil {
 			return time.Since(start), remove, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			log, _ := os.ReadFile(logPath)
-			return 0, nil, errors.Join(fmt.Errorf("%s not reachable after %v; agent log: %s", last, agentReady, firstLines(string(log), 20)), remove())
+			return 0, nil, errors.Join(fmt.Errorf("%s not reachable after %v; agent log: %s", last, agentReady, tail(string(log), 25)), remove())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -112,7 +112,7 @@ func parseFlags(args []string) (Options, error) {
 		Command: strings.TrimSpace("go run ./hack/bench " + strings.Join(args, " ")),
 		Log:     os.Stderr,
 		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *warmup, Window: *window,
-			Datapaths: dps, XvsBin: *xvsBin},
+			Datapaths: dps, XvsBin: *xvsBin, KeepGoing: *guestJSON != ""},
 		Control: ControlOptions{Sizes: cs, Changes: *changes, Profile: *cpuprofile},
 		VM: VMOptions{Kernel: *vmKernel, Traffic: TrafficOptions{Sizes: vs, RulesMax: slices.Max(append(vs, 1)), Rounds: *vmRounds,
 			Workers: *workers, Warmup: *vmWindow / 4, Window: *vmWindow}},

@@ -26,6 +26,18 @@ const (
 )
 
 // median of a figure over the rounds of one cell.
+// failures lists the datapaths that could not be measured, with why.
+func writeFailures(b *bytes.Buffer, rs []trafficResult) {
+	for _, r := range rs {
+		for d := range numDatapaths {
+			if c := r.Cells[d]; c != nil && c.Err != "" {
+				fmt.Fprintf(b, "- **%s at %d Services: not measured.** %s\n", d, r.N, firstLines(strings.TrimSpace(c.Err), 3))
+			}
+		}
+	}
+	fmt.Fprintln(b)
+}
+
 func cellMedian(c *trafficCell, f func(trafficRun) float64) float64 {
 	if c == nil || len(c.Runs) == 0 {
 		return 0

@@ -114,6 +114,10 @@ type TrafficOptions struct {
 	Datapaths []datapath
 	// XvsBin is the xvs binary the agent datapaths run.
 	XvsBin string
+	// KeepGoing records a datapath that cannot be installed or fails its
+	// runs, and goes on without it (the VM guest, whose kernel may refuse
+	// a program); otherwise such a failure ends the benchmark.
+	KeepGoing bool
 }
 
 func (o TrafficOptions) datapaths() []datapath {
@@ -159,6 +163,7 @@ type progCost struct {
 type trafficCell struct {
 	Runs    []trafficRun
 	Program time.Duration // time to program the N Services (first round)
+	Err     string        `json:",omitempty"` // why it stopped, with KeepGoing
 }
 
 type trafficResult struct {
@@ -484,7 +489,15 @@ func measureTraffic(ctx context.Context, opts Options) (_ []trafficResult, err e
 				if cell == nil {
 					continue
 				}
+				if cell.Err != "" {
+					continue
+				}
 				run, took, err := w.measureOne(ctx, d, n, maxN, to, round == 0)
+				if err != nil && to.KeepGoing && ctx.Err() == nil {
+					cell.Err = err.Error()
+					logf(opts.Log, "traffic %d services, %s: failed, going on without it: %v", n, d, err)
+					continue
+				}
 				if err != nil {
 					return nil, fmt.Errorf("%d services, %s: %w", n, d, err)
 				}

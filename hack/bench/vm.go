@@ -158,6 +158,7 @@ func vmReport(opts Options, r *vmResult, plots map[string]string) []byte {
 	fmt.Fprintf(&b, "This host's kernel has no IPVS, so this comparison runs in the VM rig (docs/vm.md): Debian's %s kernel under qemu **with software emulation (TCG, no KVM)**, two virtual CPUs. Every figure here is many times slower than on real hardware and the emulator's costs are not a real CPU's, so only the ratios inside this section mean anything, and they are indicative. Command (on the host, %v in all): `%s`.\n\n",
 		r.Kernel, r.Took.Round(time.Second), r.Command)
 	fmt.Fprintf(&b, "Same topology, servers, load generator, rounds and ratios as above, inside the guest. Both modes are the real `xvs agent` binary in the node namespace on manifests for the N Services (the file source): `--proxy-mode=ebpf` (tc programs) and `--proxy-mode=ipvs` (kernel IPVS virtual servers, VIPs on the kube-ipvs0 dummy device, nftables rules as kube-proxy's ipvs mode has them). The agent is stopped and `xvs cleanup` run between datapaths.\n\n")
+	writeFailures(&b, r.Results)
 	writeMetricTable(&b, "New TCP connections per second (VM)", "conn/s", "%.0f", 1, r.Results, mCPS)
 	writeMetricTable(&b, "CPU time per new connection (VM, µs)", "µs of process CPU per connection", "%.1f", 1e3, r.Results, mCPUConn)
 	writeMetricTable(&b, "Requests per second over kept-alive connections (VM)", "req/s", "%.0f", 1, r.Results, mRPS)
