@@ -11,6 +11,7 @@ help:
 	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md (root)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
 	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
+	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make build | generate | generate-check | lint | deps | clean"
 
 deps:
