@@ -518,8 +518,26 @@ func TestPrivKubeAgent(t *testing.T) {
 		if ev.Type != v1.EventTypeWarning || !strings.Contains(ev.Note, "kubernetes.io/service-name") {
 			t.Errorf("orphan slice event: %s %q", ev.Type, ev.Note)
 		}
-		if v := metricValue(w.metricsText(t), `xvs_problems{kind="EndpointSlice"}`); v != 1 {
-			t.Errorf(`xvs_problems{kind="EndpointSlice"} = %v`, v)
+		// A Service the API accepts but xvs can only partly honour: an
+		// unknown scheduler in the xvs.io/scheduler annotation. It is
+		// still served (with the default scheduler), and says why.
+		odd := webService("odd", netip.MustParseAddr("172.30.0.14"), v1.ServiceTypeClusterIP)
+		odd.Annotations = map[string]string{"xvs.io/scheduler": "fastest"}
+		w.create(t, odd)
+		w.create(t, webSlice("odd", "odd-1", demoPodIPs[:1], "node"))
+		ev = waitEvent(t, w, "Service", "odd", "XvsInvalidInput")
+		if ev.Type != v1.EventTypeWarning || !strings.Contains(ev.Note, `"fastest"`) {
+			t.Errorf("odd Service event: %s %q", ev.Type, ev.Note)
+		}
+		w.waitBackends(t, netip.MustParseAddr("172.30.0.14"), 80, 1, 5*time.Second)
+		m := w.metricsText(t)
+		for _, kind := range []string{"EndpointSlice", "Service"} {
+			if v := metricValue(m, `xvs_problems{kind="`+kind+`"}`); v != 1 {
+				t.Errorf(`xvs_problems{kind="%s"} = %v`, kind, v)
+			}
+		}
+		if ended, err := w.Agent.Exited(); ended {
+			t.Fatalf("agent exited on bad input: %v", err)
 		}
 	})
 }
