@@ -16,6 +16,16 @@
 //	// The agent's identity, for RBAC checks (impersonation by the admin):
 //	sa, _ := srv.ServiceAccountClient("kube-system", "xvs")
 //	kc, _ := srv.ServiceAccountKubeconfig("kube-system", "xvs") // for a process
+//	// or a real token of an existing ServiceAccount (TokenRequest API):
+//	cfg, _ := srv.ServiceAccountToken(ctx, "kube-system", "xvs")
+//	srv.WriteKubeconfig(path, cfg)
+//
+//	// Manifests as `kubectl apply --server-side [--dry-run=server]` applies them:
+//	objs, _ := kubeapi.DecodeManifests(yamlBytes)
+//	kubeapi.Apply(ctx, srv.Config, objs, kubeapi.ApplyOptions{FieldManager: "t", DryRun: true})
+//
+// The process dies with the test process, however that dies (a
+// parent-death signal), and Stop and Close end it by PID.
 //
 // Nothing derives EndpointSlices (there is no kube-controller-manager):
 // tests write them as the EndpointSlice controller would. Service ClusterIPs
