@@ -121,8 +121,9 @@ func TestAPIServerManifestsDryRun(t *testing.T) {
 	}
 }
 
-// TestKustomizationListsEveryManifest keeps `kubectl apply -k deploy/` and
-// `kubectl apply -f deploy/` equivalent.
+// TestKustomizationListsEveryManifest: `kubectl apply -k deploy/` applies
+// every manifest (`-f deploy/` would also read kustomization.yaml, which is
+// no API object).
 func TestKustomizationListsEveryManifest(t *testing.T) {
 	b, err := os.ReadFile("kustomization.yaml")
 	if err != nil {
