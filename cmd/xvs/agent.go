@@ -75,39 +75,16 @@ func adoptFlags(fs *flag.FlagSet, register func(*flag.FlagSet)) {
 }
 
 func runAgent(args []string) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	var o config.Options
-	o.AddFlags(fs)
-	var f agentFlags
-	adoptFlags(fs, f.mode.register)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := o.Complete(); err != nil {
+	o, f, err := parseAgentArgs(args)
+	if err != nil {
 		return err
 	}
 	c := &o.Config
 	log := newFormatLogger(c.Logging.Format, int(c.Logging.Verbosity))
 	slog.SetDefault(log)
 	routeKlog(log, int(c.Logging.Verbosity))
-
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	f.pinPath, f.scheduler, f.disableRevNATDbg = o.PinPath, c.IPVS.Scheduler, o.DisableRevNATDbg
-	f.mode.proxyMode = string(c.Mode)
-	f.mode.metricsAddr = "" // served with the kube-proxy metrics (agent_http.go)
-	ipvsFromConfig(&f.mode, &o, set)
-	if err := f.mode.validate(); err != nil {
-		return err
-	}
 	if o.Cleanup {
 		return cleanupAll(log, &f)
-	}
-	if o.Objects != "" && (c.ClientConnection.Kubeconfig != "" || o.Master != "") {
-		return errors.New("--objects and --kubeconfig/--master are alternative sources: give one")
 	}
 	ccfg, err := o.ControllerConfig()
 	if err != nil {
@@ -115,7 +92,40 @@ func runAgent(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return agent(ctx, log, &o, f, ccfg)
+	return agent(ctx, log, o, f, ccfg)
+}
+
+// parseAgentArgs resolves the command line and the --config file into the
+// configuration and the datapath settings.
+func parseAgentArgs(args []string) (*config.Options, agentFlags, error) {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	o := &config.Options{}
+	o.AddFlags(fs)
+	var f agentFlags
+	adoptFlags(fs, f.mode.register)
+	if err := fs.Parse(args); err != nil {
+		return nil, f, err
+	}
+	if fs.NArg() > 0 {
+		return nil, f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := o.Complete(); err != nil {
+		return nil, f, err
+	}
+	c := &o.Config
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	f.pinPath, f.scheduler, f.disableRevNATDbg = o.PinPath, c.IPVS.Scheduler, o.DisableRevNATDbg
+	f.mode.proxyMode = string(c.Mode)
+	f.mode.metricsAddr = "" // served with the kube-proxy metrics (agent_http.go)
+	ipvsFromConfig(&f.mode, o, set)
+	if err := f.mode.validate(); err != nil {
+		return nil, f, err
+	}
+	if !o.Cleanup && o.Objects != "" && (c.ClientConnection.Kubeconfig != "" || o.Master != "") {
+		return nil, f, errors.New("--objects and --kubeconfig/--master are alternative sources: give one")
+	}
+	return o, f, nil
 }
 
 // ipvsFromConfig takes the ipvs.* fields of the configuration file into

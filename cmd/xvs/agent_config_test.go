@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAgentArgs: the agent's command line combines kube-proxy's flags,
+// the --config file and the ipvs mode's own flags into one configuration;
+// the file's ipvs.* fields reach the IPVS datapath unless their flags say
+// otherwise.
+func TestAgentArgs(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ipvs
+ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout: 15m, udpTimeout: 30s}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, f, err := parseAgentArgs([]string{"--config", cfg, "--objects", t.TempDir(), "--ipvs-udp-timeout", "1m",
+		"--fallback", "ipvs", "--pin-path", "/sys/fs/bpf/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := f.mode
+	if m.proxyMode != "ipvs" || !m.ipvsStrictARP || m.ipvsExclude != "192.0.2.0/24" || m.ipvsTCP != 15*time.Minute ||
+		m.ipvsUDP != time.Minute || m.fallback != "ipvs" || f.scheduler != "lc" || f.pinPath != "/sys/fs/bpf/x" {
+		t.Fatalf("datapath settings %+v (scheduler %q, pin path %q)", m, f.scheduler, f.pinPath)
+	}
+	if m.metricsAddr != "" || o.Config.MetricsBindAddress != "127.0.0.1:10249" {
+		t.Fatalf("metrics: mode flags %q, config %q: the agent serves metrics from the configuration",
+			m.metricsAddr, o.Config.MetricsBindAddress)
+	}
+
+	// The flag wins over the file's mode.
+	if _, f, err = parseAgentArgs([]string{"--config", cfg, "--objects", t.TempDir(), "--proxy-mode", "ebpf"}); err != nil || f.mode.proxyMode != "ebpf" {
+		t.Fatalf("--proxy-mode over the file: %q %v", f.mode.proxyMode, err)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--proxy-mode", "iptables"}, `mode "iptables"`},
+		{[]string{"--objects", "/tmp", "--kubeconfig", "/k"}, "alternative sources"},
+		{[]string{"--fallback", "iptables"}, "--fallback"},
+		{[]string{"stray"}, "unexpected arguments"},
+		{[]string{"--no-such-flag"}, "no-such-flag"},
+	} {
+		if _, _, err := parseAgentArgs(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error about %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestRestConfig: outside a cluster, with no kubeconfig or master, the
+// agent says what to give instead of an opaque in-cluster error.
+func TestRestConfig(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	o, _, err := parseAgentArgs(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restConfig(o); err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
+		t.Fatalf("restConfig outside a cluster: %v", err)
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, _, err = parseAgentArgs([]string{"--kubeconfig", kc, "--master", "https://198.51.100.1:6443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := restConfig(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Host != "https://198.51.100.1:6443" || rc.BearerToken != "t" || rc.QPS != 5 || rc.Burst != 10 ||
+		rc.ContentType != "application/vnd.kubernetes.protobuf" {
+		t.Fatalf("rest config: host %s token %q qps %v burst %d content %s", rc.Host, rc.BearerToken, rc.QPS, rc.Burst, rc.ContentType)
+	}
+}
