@@ -69,6 +69,37 @@ func TestPrivBenchTiny(t *testing.T) {
 	}
 }
 
+// TestPrivBenchVMTiny runs the IPVS comparison in the VM rig at a tiny
+// size: static binaries into the guest, both agent modes there, results
+// back and into the report. The guest goes on without a mode whose
+// datapath cannot load; ipvs mode must have been measured.
+func TestPrivBenchVMTiny(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test boots the VM rig and needs root; run it as root")
+	}
+	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	opts := Options{
+		Out: out, Sizes: []int{1}, Samples: 100, Command: "go test ./hack/bench/", Log: testLog{t},
+		VM: VMOptions{Kernel: "6.12", Timeout: 10 * time.Minute, Traffic: TrafficOptions{Sizes: []int{1}, RulesMax: 1, Rounds: 1, Workers: 2,
+			Warmup: 100 * time.Millisecond, Window: 300 * time.Millisecond}},
+	}
+	if err := Run(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## IPVS mode against ebpf mode, inside the VM rig", "Debian's 6.12 kernel", "agent-ipvs / floor", "BENCHMARKS-vm.png"} {
+		if !strings.Contains(string(report), want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(string(report), "xvs agent, ipvs mode at 1 Services: not measured") {
+		t.Errorf("ipvs mode was not measured in the VM:\n%s", report)
+	}
+}
+
 // TestMain lets the test binary serve as the control-plane child process,
 // as the benchmark binary does.
 func TestMain(m *testing.M) {

@@ -31,7 +31,7 @@ func writeFailures(b *bytes.Buffer, rs []trafficResult) {
 	for _, r := range rs {
 		for d := range numDatapaths {
 			if c := r.Cells[d]; c != nil && c.Err != "" {
-				fmt.Fprintf(b, "- **%s at %d Services: not measured.** %s\n", d, r.N, firstLines(strings.TrimSpace(c.Err), 3))
+				fmt.Fprintf(b, "- **%s at %d Services: not measured.** %s\n", d, r.N, strings.ReplaceAll(tail(strings.TrimSpace(c.Err), 3), "\n", " / "))
 			}
 		}
 	}

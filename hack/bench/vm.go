@@ -60,6 +60,11 @@ func measureVM(ctx context.Context, opts Options) (*vmResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	// qemu and the guest userland's packages (a no-op once installed).
+	deps := exec.CommandContext(ctx, filepath.Join(root, "hack/vm/vm.sh"), "deps")
+	if out, err := deps.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("vm.sh deps: %v: %s", err, out)
+	}
 	share, err := os.MkdirTemp("", "xvs-bench-vm-")
 	if err != nil {
 		return nil, err
