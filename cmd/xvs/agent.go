@@ -232,9 +232,11 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 		RetryInterval: time.Second}, s.sync)
 	s.trigger = r.Run
 
-	if err := serveHTTP(ctx, log, c, s, active.dp.Mode(), m); err != nil {
+	stopHTTP, err := serveHTTP(log, c, s, active.dp.Mode(), m)
+	if err != nil {
 		return err
 	}
+	defer stopHTTP() // before active.close: /metrics reads the maps
 
 	if active.objs != nil { // ebpf mode
 		atts, errs, err := active.objs.WatchDevices(ctx, sel, loader.AttachMode(o.TCAttach), func(a loader.Attachment, err error) {

@@ -21,8 +21,9 @@ import (
 // healthzBindAddress, /metrics and /proxyMode (and /debug/pprof with
 // enableProfiling) on metricsBindAddress. An empty address disables a
 // server. A server that cannot listen is fatal with bindAddressHardFail,
-// else logged.
-func serveHTTP(ctx context.Context, log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode string, m *xmetrics.Metrics) error {
+// else logged. stop shuts the servers down and waits for running
+// handlers: call it before closing what they read (the BPF maps).
+func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode string, m *xmetrics.Metrics) (stop func(), err error) {
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", metricsHandler(m))
 	metricsMux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
@@ -38,6 +39,14 @@ func serveHTTP(ctx context.Context, log *slog.Logger, c *kpv1.KubeProxyConfigura
 		metricsMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	var errs []error
+	var servers []*http.Server
+	stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, srv := range servers {
+			_ = srv.Shutdown(ctx)
+		}
+	}
 	for _, srv := range []struct {
 		what, addr string
 		h          http.Handler
@@ -48,7 +57,8 @@ func serveHTTP(ctx context.Context, log *slog.Logger, c *kpv1.KubeProxyConfigura
 		if srv.addr == "" {
 			continue
 		}
-		if err := listenAndServe(ctx, srv.addr, srv.h); err != nil {
+		hs, err := listenAndServe(srv.addr, srv.h)
+		if err != nil {
 			err = fmt.Errorf("%s server: %w", srv.what, err)
 			if c.BindAddressHardFail {
 				errs = append(errs, err)
@@ -57,25 +67,26 @@ func serveHTTP(ctx context.Context, log *slog.Logger, c *kpv1.KubeProxyConfigura
 			log.Error("Cannot serve; continuing without it (bindAddressHardFail is false)", "err", err)
 			continue
 		}
+		servers = append(servers, hs)
 		log.Info("Serving", "server", srv.what, "address", srv.addr)
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // listenAndServe listens now (so that a busy port is known at start) and
-// serves until ctx ends.
-func listenAndServe(ctx context.Context, addr string, h http.Handler) error {
+// serves until the server is shut down.
+func listenAndServe(addr string, h http.Handler) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	return nil
+	return srv, nil
 }
 
 // metricsHandler writes the registry in the Prometheus text format, then
