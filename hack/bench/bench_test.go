@@ -42,7 +42,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"## Machine", "Kernel:", "CPU:", "## Method", "## Results", "![", "BENCHMARKS.png",
+		"## Machine", "Kernel:", "CPU:", "Load average", "## Summary of the goals", "real traffic: never slower than nftables", "## Method", "## Results", "![", "BENCHMARKS.png",
 		"### Conntrack hit", "### New flow", "### Goal", "## Control plane: full sync", "## Reproduce",
 		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet", "remote backend with SNAT",
 		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
