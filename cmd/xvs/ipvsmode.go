@@ -301,8 +301,13 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	// The reaper returns the connections of silently expired flows to
 	// the least-connection schedulers and frees their conntrack entries.
 	ctx, stop := context.WithCancel(context.Background())
-	go dp.RunReaper(ctx, 10*time.Second, func(err error) { slog.Warn("conntrack reaper", "err", err) })
-	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); objs.Close() }}, nil
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		dp.RunReaper(ctx, 10*time.Second, func(err error) { slog.Warn("conntrack reaper", "err", err) })
+	}()
+	// The reaper must be done with the maps before they are closed.
+	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); <-reaped; objs.Close() }}, nil
 }
 
 func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapath, error) {
