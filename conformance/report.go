@@ -87,168 +87,10 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 	b.WriteString("`make conformance-report` (every `bin/conformance-*.json` becomes a column).\n\n")
 	b.WriteString(runnerNotes)
 
-	b.WriteString("## Summary\n\n| mode | kernel | build | date | duration | scenarios pass / fail / error / malformed / skip | probes passed | probes failed |\n|---|---|---|---|---|---|---|---|\n")
-	for _, r := range runs {
-		build := r.Build
-		if build == "" {
-			build = "unknown"
-		}
-		c := map[string]int{}
-		for _, s := range r.Scenarios {
-			c[s.Status]++
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, build,
-			r.Started.Format("2006-01-02 15:04 UTC"), time.Duration(r.Duration).Round(time.Second),
-			c[StatusPass], c[StatusFail], c[StatusError], c[StatusMalformed], c[StatusSkip], r.Passed, r.Failed)
-	}
-
-	// Per section and mode.
-	secs := map[string]bool{}
-	for _, r := range runs {
-		for _, s := range r.Scenarios {
-			for _, n := range s.Sections {
-				secs[n] = true
-			}
-			if len(s.Sections) == 0 {
-				secs["none"] = true
-			}
-		}
-	}
-	order := make([]string, 0, len(secs))
-	for n := range secs {
-		order = append(order, n)
-	}
-	slices.SortFunc(order, compareSections)
-	b.WriteString("\n## Per SEMANTICS section\n\nScenarios passed / run (skipped ones not counted), then probes passed / run. A scenario naming\nseveral sections counts in each.\n\n| section |")
-	for _, r := range runs {
-		fmt.Fprintf(&b, " %s |", column(r))
-	}
-	b.WriteString("\n|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
-	for _, n := range order {
-		name := n
-		if t := titles[n]; t != "" {
-			name = n + " " + t
-		} else if n == "none" {
-			name = "(no section named)"
-		}
-		fmt.Fprintf(&b, "| %s |", name)
-		for _, r := range runs {
-			var sp, st, pp, pt int
-			for _, s := range r.Scenarios {
-				if !(slices.Contains(s.Sections, n) || (n == "none" && len(s.Sections) == 0)) || s.Status == StatusSkip {
-					continue
-				}
-				st++
-				if s.Status == StatusPass {
-					sp++
-				}
-				for _, p := range s.Probes {
-					pt++
-					if p.Pass {
-						pp++
-					}
-				}
-			}
-			mark := ""
-			if st > 0 && sp == st {
-				mark = " ✅"
-			}
-			fmt.Fprintf(&b, " %d/%d (%d/%d)%s |", sp, st, pp, pt, mark)
-		}
-		b.WriteString("\n")
-	}
-	if len(all) > 0 {
-		var missing []string
-		for _, n := range all {
-			if !secs[n] {
-				missing = append(missing, n+" "+titles[n])
-			}
-		}
-		if len(missing) > 0 {
-			fmt.Fprintf(&b, "\nSections no scenario names: %s.\n", strings.Join(missing, "; "))
-			for _, n := range all {
-				if why := uncoverable[n]; why != "" && !secs[n] {
-					fmt.Fprintf(&b, "%s: %s.\n", n, why)
-				}
-			}
-		}
-	}
-
-	// Every scenario.
-	names := map[string]bool{}
-	var scenarios []string
-	sections := map[string][]string{}
-	for _, r := range runs {
-		for _, s := range r.Scenarios {
-			if !names[s.Name] {
-				names[s.Name] = true
-				scenarios = append(scenarios, s.Name)
-				sections[s.Name] = s.Sections
-			}
-		}
-	}
-	slices.Sort(scenarios)
-	b.WriteString("\n## Scenarios\n\n| scenario | sections |")
-	for _, r := range runs {
-		fmt.Fprintf(&b, " %s |", column(r))
-	}
-	b.WriteString("\n|---|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
-	for _, name := range scenarios {
-		fmt.Fprintf(&b, "| %s | %s |", name, strings.Join(sections[name], ", "))
-		for _, r := range runs {
-			cell := "—"
-			for _, s := range r.Scenarios {
-				if s.Name != name {
-					continue
-				}
-				pass := 0
-				for _, p := range s.Probes {
-					if p.Pass {
-						pass++
-					}
-				}
-				cell = fmt.Sprintf("%s %d/%d", s.Status, pass, len(s.Probes))
-				if s.Status == StatusSkip || s.Status == StatusMalformed || s.Status == StatusError {
-					cell = s.Status
-				}
-			}
-			fmt.Fprintf(&b, " %s |", cell)
-		}
-		b.WriteString("\n")
-	}
-
-	// Failures, per mode.
-	for _, r := range runs {
-		var lines []string
-		for _, s := range r.Scenarios {
-			if s.Error != "" {
-				lines = append(lines, fmt.Sprintf("| %s | (%s) | | %s |", s.Name, s.Status, mdCell(s.Error)))
-			}
-			for _, p := range s.Probes {
-				if p.Pass {
-					continue
-				}
-				label := p.Probe
-				if p.Step > 0 {
-					label = fmt.Sprintf("step %d: %s", p.Step, p.Probe)
-				}
-				lines = append(lines, fmt.Sprintf("| %s | %s | %s | %s |", s.Name, mdCell(label), mdCell(p.Expected), mdCell(p.Observed)))
-			}
-		}
-		if len(lines) == 0 {
-			continue
-		}
-		fmt.Fprintf(&b, "\n## Failures (%s)\n\n<details><summary>%d failing probes</summary>\n\n| scenario | probe | expected | observed |\n|---|---|---|---|\n%s\n\n</details>\n",
-			column(r), len(lines), strings.Join(lines, "\n"))
-	}
+	writeSummary(&b, runs)
+	writeSections(&b, runs, titles, all)
+	writeScenarios(&b, runs)
+	writeFailures(&b, runs)
 	return b.Bytes()
 }
 
@@ -288,4 +130,180 @@ func sectionKey(s string) [2]int {
 	a, _ := strconv.Atoi(x)
 	c, _ := strconv.Atoi(y)
 	return [2]int{a, c}
+}
+
+// writeSummary: one row per run.
+func writeSummary(b *bytes.Buffer, runs []*Results) {
+	b.WriteString("## Summary\n\n| mode | kernel | build | date | duration | scenarios pass / fail / error / malformed / skip | probes passed | probes failed |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range runs {
+		build := r.Build
+		if build == "" {
+			build = "unknown"
+		}
+		c := map[string]int{}
+		for _, s := range r.Scenarios {
+			c[s.Status]++
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, build,
+			r.Started.Format("2006-01-02 15:04 UTC"), time.Duration(r.Duration).Round(time.Second),
+			c[StatusPass], c[StatusFail], c[StatusError], c[StatusMalformed], c[StatusSkip], r.Passed, r.Failed)
+	}
+
+}
+
+// writeSections: pass/fail per SEMANTICS section and run, then the
+// sections no scenario names.
+func writeSections(b *bytes.Buffer, runs []*Results, titles map[string]string, all []string) {
+	secs := map[string]bool{}
+	for _, r := range runs {
+		for _, s := range r.Scenarios {
+			for _, n := range s.Sections {
+				secs[n] = true
+			}
+			if len(s.Sections) == 0 {
+				secs["none"] = true
+			}
+		}
+	}
+	order := make([]string, 0, len(secs))
+	for n := range secs {
+		order = append(order, n)
+	}
+	slices.SortFunc(order, compareSections)
+	b.WriteString("\n## Per SEMANTICS section\n\nScenarios passed / run (skipped ones not counted), then probes passed / run. A scenario naming\nseveral sections counts in each.\n\n| section |")
+	for _, r := range runs {
+		fmt.Fprintf(b, " %s |", column(r))
+	}
+	b.WriteString("\n|---|")
+	for range runs {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, n := range order {
+		name := n
+		if t := titles[n]; t != "" {
+			name = n + " " + t
+		} else if n == "none" {
+			name = "(no section named)"
+		}
+		fmt.Fprintf(b, "| %s |", name)
+		for _, r := range runs {
+			var sp, st, pp, pt int
+			for _, s := range r.Scenarios {
+				if !(slices.Contains(s.Sections, n) || (n == "none" && len(s.Sections) == 0)) || s.Status == StatusSkip {
+					continue
+				}
+				st++
+				if s.Status == StatusPass {
+					sp++
+				}
+				for _, p := range s.Probes {
+					pt++
+					if p.Pass {
+						pp++
+					}
+				}
+			}
+			mark := ""
+			if st > 0 && sp == st {
+				mark = " ✅"
+			}
+			fmt.Fprintf(b, " %d/%d (%d/%d)%s |", sp, st, pp, pt, mark)
+		}
+		b.WriteString("\n")
+	}
+	if len(all) > 0 {
+		var missing []string
+		for _, n := range all {
+			if !secs[n] {
+				missing = append(missing, n+" "+titles[n])
+			}
+		}
+		if len(missing) > 0 {
+			fmt.Fprintf(b, "\nSections no scenario names: %s.\n", strings.Join(missing, "; "))
+			for _, n := range all {
+				if why := uncoverable[n]; why != "" && !secs[n] {
+					fmt.Fprintf(b, "%s: %s.\n", n, why)
+				}
+			}
+		}
+	}
+
+}
+
+// writeScenarios: every scenario, one column per run.
+func writeScenarios(b *bytes.Buffer, runs []*Results) {
+	names := map[string]bool{}
+	var scenarios []string
+	sections := map[string][]string{}
+	for _, r := range runs {
+		for _, s := range r.Scenarios {
+			if !names[s.Name] {
+				names[s.Name] = true
+				scenarios = append(scenarios, s.Name)
+				sections[s.Name] = s.Sections
+			}
+		}
+	}
+	slices.Sort(scenarios)
+	b.WriteString("\n## Scenarios\n\n| scenario | sections |")
+	for _, r := range runs {
+		fmt.Fprintf(b, " %s |", column(r))
+	}
+	b.WriteString("\n|---|---|")
+	for range runs {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, name := range scenarios {
+		fmt.Fprintf(b, "| %s | %s |", name, strings.Join(sections[name], ", "))
+		for _, r := range runs {
+			cell := "—"
+			for _, s := range r.Scenarios {
+				if s.Name != name {
+					continue
+				}
+				pass := 0
+				for _, p := range s.Probes {
+					if p.Pass {
+						pass++
+					}
+				}
+				cell = fmt.Sprintf("%s %d/%d", s.Status, pass, len(s.Probes))
+				if s.Status == StatusSkip || s.Status == StatusMalformed || s.Status == StatusError {
+					cell = s.Status
+				}
+			}
+			fmt.Fprintf(b, " %s |", cell)
+		}
+		b.WriteString("\n")
+	}
+
+}
+
+// writeFailures: the failing probes of each run.
+func writeFailures(b *bytes.Buffer, runs []*Results) {
+	for _, r := range runs {
+		var lines []string
+		for _, s := range r.Scenarios {
+			if s.Error != "" {
+				lines = append(lines, fmt.Sprintf("| %s | (%s) | | %s |", s.Name, s.Status, mdCell(s.Error)))
+			}
+			for _, p := range s.Probes {
+				if p.Pass {
+					continue
+				}
+				label := p.Probe
+				if p.Step > 0 {
+					label = fmt.Sprintf("step %d: %s", p.Step, p.Probe)
+				}
+				lines = append(lines, fmt.Sprintf("| %s | %s | %s | %s |", s.Name, mdCell(label), mdCell(p.Expected), mdCell(p.Observed)))
+			}
+		}
+		if len(lines) == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "\n## Failures (%s)\n\n<details><summary>%d failing probes</summary>\n\n| scenario | probe | expected | observed |\n|---|---|---|---|\n%s\n\n</details>\n",
+			column(r), len(lines), strings.Join(lines, "\n"))
+	}
 }

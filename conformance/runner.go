@@ -165,18 +165,12 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // everything down whatever happened.
 func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResult {
 	start := time.Now()
-	sr := ScenarioResult{File: sc.File, Name: sc.Name, Sections: sc.Sections}
-	defer func() { sr.Duration = Duration(time.Since(start)) }()
+	r := &scenarioRun{sc: sc, opts: opts, res: ScenarioResult{File: sc.File, Name: sc.Name, Sections: sc.Sections}}
+	defer func() { r.res.Duration = Duration(time.Since(start)) }()
 	if !sc.RunsIn(opts.Mode) {
-		sr.Status = StatusSkip
+		r.res.Status = StatusSkip
 		fmt.Fprintf(opts.Out, "SKIP  %s | modes %v exclude %s\n", sc.Name, sc.Modes, opts.Mode)
-		return sr
-	}
-	fail := func(err error) ScenarioResult {
-		sr.Status = StatusError
-		sr.Error = err.Error()
-		fmt.Fprintf(opts.Out, "FAIL  %s | (setup) | runnable scenario | %s\n", sc.Name, oneLine(err.Error()))
-		return sr
+		return r.res
 	}
 	w, err := newWorld(sc, opts)
 	if w != nil {
@@ -186,97 +180,112 @@ func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResul
 			}
 		}()
 	}
+	if err == nil {
+		err = w.start(ctx, opts)
+	}
 	if err != nil {
-		return fail(err)
+		r.res.Status = StatusError
+		r.res.Error = err.Error()
+		fmt.Fprintf(opts.Out, "FAIL  %s | (setup) | runnable scenario | %s\n", sc.Name, oneLine(err.Error()))
+		return r.res
 	}
-	if err := w.start(ctx, opts); err != nil {
-		return fail(err)
-	}
-	report := func(step int, name, expected, observed, why string, pass bool) {
-		verdict := "PASS"
-		if !pass {
-			verdict = "FAIL"
-		}
-		label := name
-		if step > 0 {
-			label = fmt.Sprintf("step %d: %s", step, name)
-		}
-		if why != "" {
-			expected += " (" + opts.Mode + " override: " + why + ")"
-		}
-		fmt.Fprintf(opts.Out, "%s  %s | %s | %s | %s\n", verdict, sc.Name, label, expected, observed)
-		sr.Probes = append(sr.Probes, ProbeResult{Step: step, Probe: name, Expected: expected, Observed: observed, Pass: pass, Override: why})
-	}
-	runProbes := func(step int, ps []Probe) {
-		for i := range ps {
-			p := &ps[i]
-			exp, why := sc.ExpectFor(opts.Mode, p)
-			aff := exp.Verdict == "" && affinityFor(w.objs.services(), sc.nodeAddrs, p.to, p.proto)
-			obs, pass := w.runProbe(p, exp, aff)
-			report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)
-		}
-	}
-
-	runProbes(0, sc.Probes)
-	for i, st := range sc.Steps {
-		if ctx.Err() != nil {
+	r.w = w
+	r.probes(0, sc.Probes)
+	for i := range sc.Steps {
+		if ctx.Err() != nil || !r.step(ctx, i+1, &sc.Steps[i]) {
 			break
-		}
-		n := i + 1
-		switch {
-		case st.Probes != nil:
-			runProbes(n, st.Probes)
-		case st.Apply != nil || st.Delete != nil:
-			if st.Apply != nil {
-				err = w.objs.apply(st.Apply)
-			} else {
-				w.objs.delete(st.Delete)
-			}
-			if err == nil {
-				err = w.writeObjects()
-			}
-			if err == nil {
-				err = w.waitSynced(ctx, opts.SyncTimeout)
-			}
-			if err != nil {
-				what := "apply"
-				if st.Delete != nil {
-					what = "delete"
-				}
-				report(n, what, "applied by the agent", "ERROR: "+oneLine(err.Error()), "", false)
-				return finish(&sr)
-			}
-		case st.Hold != nil:
-			obs, pass := w.hold(st.Hold)
-			report(n, "hold "+st.Hold.Name, "connected to a backend", obs, "", pass)
-		case st.Check != nil:
-			obs, pass := w.check(st.Check)
-			want := "alive"
-			if !*st.Check.Alive {
-				want = "broken"
-			}
-			report(n, "check "+st.Check.Held, want, obs, "", pass)
-		case st.Sleep != nil:
-			select {
-			case <-time.After(time.Duration(*st.Sleep)):
-			case <-ctx.Done():
-			}
 		}
 	}
 	if ended, aerr := w.agent.Exited(); ended {
-		report(0, "agent", "running throughout", fmt.Sprintf("exited (%v): %s", aerr, oneLine(logTail(w.agent.Log, 3))), "", false)
+		r.report(0, "agent", "running throughout", fmt.Sprintf("exited (%v): %s", aerr, oneLine(logTail(w.agent.Log, 3))), "", false)
 	}
-	return finish(&sr)
-}
-
-func finish(sr *ScenarioResult) ScenarioResult {
-	sr.Status = StatusPass
-	for _, p := range sr.Probes {
+	r.res.Status = StatusPass
+	for _, p := range r.res.Probes {
 		if !p.Pass {
-			sr.Status = StatusFail
+			r.res.Status = StatusFail
 		}
 	}
-	return *sr
+	return r.res
+}
+
+// scenarioRun is one scenario being run against its world.
+type scenarioRun struct {
+	sc   *Scenario
+	opts *Options
+	w    *world
+	res  ScenarioResult
+}
+
+// report prints one probe line and records it.
+func (r *scenarioRun) report(step int, name, expected, observed, why string, pass bool) {
+	verdict := "PASS"
+	if !pass {
+		verdict = "FAIL"
+	}
+	label := name
+	if step > 0 {
+		label = fmt.Sprintf("step %d: %s", step, name)
+	}
+	if why != "" {
+		expected += " (" + r.opts.Mode + " override: " + why + ")"
+	}
+	fmt.Fprintf(r.opts.Out, "%s  %s | %s | %s | %s\n", verdict, r.sc.Name, label, expected, observed)
+	r.res.Probes = append(r.res.Probes, ProbeResult{Step: step, Probe: name, Expected: expected, Observed: observed, Pass: pass, Override: why})
+}
+
+func (r *scenarioRun) probes(step int, ps []Probe) {
+	for i := range ps {
+		p := &ps[i]
+		exp, why := r.sc.ExpectFor(r.opts.Mode, p)
+		aff := exp.Verdict == "" && affinityFor(r.w.objs.services(), r.sc.nodeAddrs, p.to, p.proto)
+		obs, pass := r.w.runProbe(p, exp, aff)
+		r.report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)
+	}
+}
+
+// step runs step n; false stops the scenario (the agent could not apply
+// a change, so later results would mean nothing).
+func (r *scenarioRun) step(ctx context.Context, n int, st *Step) bool {
+	w := r.w
+	switch {
+	case st.Probes != nil:
+		r.probes(n, st.Probes)
+	case st.Apply != nil || st.Delete != nil:
+		var err error
+		what := "apply"
+		if st.Apply != nil {
+			err = w.objs.apply(st.Apply)
+		} else {
+			what = "delete"
+			w.objs.delete(st.Delete)
+		}
+		if err == nil {
+			err = w.writeObjects()
+		}
+		if err == nil {
+			err = w.waitSynced(ctx, r.opts.SyncTimeout)
+		}
+		if err != nil {
+			r.report(n, what, "applied by the agent", "ERROR: "+oneLine(err.Error()), "", false)
+			return false
+		}
+	case st.Hold != nil:
+		obs, pass := w.hold(st.Hold)
+		r.report(n, "hold "+st.Hold.Name, "connected to a backend", obs, "", pass)
+	case st.Check != nil:
+		obs, pass := w.check(st.Check)
+		want := "alive"
+		if !*st.Check.Alive {
+			want = "broken"
+		}
+		r.report(n, "check "+st.Check.Held, want, obs, "", pass)
+	case st.Sleep != nil:
+		select {
+		case <-time.After(time.Duration(*st.Sleep)):
+		case <-ctx.Done():
+		}
+	}
+	return true
 }
 
 // hold opens a TCP connection and keeps it open for later checks.

@@ -31,168 +31,190 @@ func SectionsOf(desc string) []string {
 	return out
 }
 
-// validate checks everything the format requires and fills the parsed
-// fields. It reports every problem, not only the first.
-func (s *Scenario) validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+// validator collects every problem of a scenario, not only the first.
+type validator struct {
+	s       *Scenario
+	errs    []error
+	objs    map[objKey]bool // objects that exist at the current point
+	names   map[string]bool // probe names, for overrides
+	holds   map[string]bool
+	nprobes int
+}
 
+func (v *validator) bad(format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf(format, args...))
+}
+
+// validate checks everything the format requires and fills the parsed
+// fields.
+func (s *Scenario) validate() error {
+	v := &validator{s: s, objs: map[objKey]bool{}, names: map[string]bool{}, holds: map[string]bool{}}
+	v.header()
+	for i, raw := range s.Objects {
+		k, err := keyOf(raw)
+		if err != nil {
+			v.bad("objects[%d]: %v", i, err)
+			continue
+		}
+		v.objs[k] = true
+	}
+	if len(s.Probes) > 0 && len(s.Steps) > 0 {
+		v.bad("probes and steps: use one or the other (steps replace top-level probes)")
+	}
+	v.probes("probes", s.Probes)
+	for i := range s.Steps {
+		v.step(fmt.Sprintf("steps[%d]", i), &s.Steps[i])
+	}
+	if v.nprobes == 0 && len(v.holds) == 0 {
+		v.bad("no probes: a scenario must probe something")
+	}
+	v.overrides()
+	return errors.Join(v.errs...)
+}
+
+// header checks name, node, cluster, proxy and modes.
+func (v *validator) header() {
+	s := v.s
 	if s.Name == "" {
-		bad("name: required")
+		v.bad("name: required")
 	} else if !kebab.MatchString(s.Name) {
-		bad("name %q: want kebab-case", s.Name)
+		v.bad("name %q: want kebab-case", s.Name)
 	}
 	s.Sections = SectionsOf(s.Description)
 	if s.Node.Name == "" {
-		bad("node.name: required")
+		v.bad("node.name: required")
 	}
 	if len(s.Node.Addresses) == 0 {
-		bad("node.addresses: at least one address is required")
+		v.bad("node.addresses: at least one address is required")
 	}
 	for _, a := range s.Node.Addresses {
 		ip, err := parseAddrOrPrefix(a)
 		if err != nil {
-			bad("node.addresses: %v", err)
+			v.bad("node.addresses: %v", err)
 			continue
 		}
 		s.nodeAddrs = append(s.nodeAddrs, ip)
 	}
 	var err error
 	if s.podCIDRs, err = parsePrefixes(s.Cluster.PodCIDRs); err != nil {
-		bad("cluster.podCIDRs: %v", err)
+		v.bad("cluster.podCIDRs: %v", err)
 	}
 	if s.serviceCIDRs, err = parsePrefixes(s.Cluster.ServiceCIDRs); err != nil {
-		bad("cluster.serviceCIDRs: %v", err)
+		v.bad("cluster.serviceCIDRs: %v", err)
 	}
 	if s.Proxy.ClusterCIDR != nil && strings.TrimSpace(*s.Proxy.ClusterCIDR) != "" {
 		if _, err := parsePrefixes(strings.Split(*s.Proxy.ClusterCIDR, ",")); err != nil {
-			bad("proxy.clusterCIDR: %v", err)
+			v.bad("proxy.clusterCIDR: %v", err)
 		}
 	}
 	switch s.Proxy.DetectLocalMode {
 	case "", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
 	default:
-		bad("proxy.detectLocalMode %q: want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix", s.Proxy.DetectLocalMode)
+		v.bad("proxy.detectLocalMode %q: want ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix", s.Proxy.DetectLocalMode)
 	}
 	for _, m := range s.Modes {
 		if canonicalMode(m) == "" {
-			bad("modes: unknown mode %q (bpf, ebpf or ipvs)", m)
+			v.bad("modes: unknown mode %q (bpf, ebpf or ipvs)", m)
 		}
 	}
+}
 
-	objs := map[objKey]bool{}
-	for i, raw := range s.Objects {
-		k, err := keyOf(raw)
-		if err != nil {
-			bad("objects[%d]: %v", i, err)
-			continue
+func (v *validator) probes(where string, ps []Probe) {
+	for i := range ps {
+		v.nprobes++
+		if err := ps[i].validate(); err != nil {
+			v.bad("%s[%d] %q: %v", where, i, ps[i].Name, err)
 		}
-		objs[k] = true
+		v.names[ps[i].Name] = true
 	}
+}
 
-	if len(s.Probes) > 0 && len(s.Steps) > 0 {
-		bad("probes and steps: use one or the other (steps replace top-level probes)")
-	}
-	names := map[string]bool{}
-	nprobes := 0
-	checkProbes := func(where string, ps []Probe) {
-		for i := range ps {
-			nprobes++
-			if err := ps[i].validate(); err != nil {
-				bad("%s[%d] %q: %v", where, i, ps[i].Name, err)
-			}
-			names[ps[i].Name] = true
+// step checks one step, following which objects exist so that a delete
+// of something absent is caught.
+func (v *validator) step(where string, st *Step) {
+	set := 0
+	for _, b := range []bool{st.Probes != nil, st.Apply != nil, st.Delete != nil, st.Hold != nil, st.Check != nil, st.Sleep != nil} {
+		if b {
+			set++
 		}
 	}
-	checkProbes("probes", s.Probes)
-	holds := map[string]bool{}
-	for i := range s.Steps {
-		st := &s.Steps[i]
-		where := fmt.Sprintf("steps[%d]", i)
-		set := 0
-		for _, b := range []bool{st.Probes != nil, st.Apply != nil, st.Delete != nil, st.Hold != nil, st.Check != nil, st.Sleep != nil} {
-			if b {
-				set++
+	if set != 1 {
+		v.bad("%s: a step holds exactly one of probes, apply, delete, hold, check, sleep (has %d)", where, set)
+		return
+	}
+	switch {
+	case st.Probes != nil:
+		v.probes(where+".probes", st.Probes)
+	case st.Apply != nil:
+		for j, raw := range st.Apply {
+			k, err := keyOf(raw)
+			if err != nil {
+				v.bad("%s.apply[%d]: %v", where, j, err)
+				continue
 			}
+			v.objs[k] = true
 		}
-		if set != 1 {
-			bad("%s: a step holds exactly one of probes, apply, delete, hold, check, sleep (has %d)", where, set)
-			continue
+	case st.Delete != nil:
+		for j, r := range st.Delete {
+			k := r.key()
+			if r.Kind == "" || r.Name == "" {
+				v.bad("%s.delete[%d]: kind and name are required", where, j)
+			} else if !v.objs[k] {
+				v.bad("%s.delete[%d]: no %s %s/%s exists at this point", where, j, k.Kind, k.Namespace, k.Name)
+			}
+			delete(v.objs, k)
 		}
-		switch {
-		case st.Probes != nil:
-			checkProbes(where+".probes", st.Probes)
-		case st.Apply != nil:
-			for j, raw := range st.Apply {
-				k, err := keyOf(raw)
-				if err != nil {
-					bad("%s.apply[%d]: %v", where, j, err)
-					continue
-				}
-				objs[k] = true
-			}
-		case st.Delete != nil:
-			for j, r := range st.Delete {
-				k := r.key()
-				if r.Kind == "" || r.Name == "" {
-					bad("%s.delete[%d]: kind and name are required", where, j)
-				} else if !objs[k] {
-					bad("%s.delete[%d]: no %s %s/%s exists at this point", where, j, k.Kind, k.Namespace, k.Name)
-				}
-				delete(objs, k)
-			}
-		case st.Hold != nil:
-			h := st.Hold
-			if h.Name == "" {
-				bad("%s.hold: name is required", where)
-			} else if holds[h.Name] {
-				bad("%s.hold: name %q used twice", where, h.Name)
-			}
-			holds[h.Name] = true
-			if !h.From.IP.IsValid() {
-				bad("%s.hold: from is required", where)
-			}
-			if h.to, err = parseTo(h.To); err != nil {
-				bad("%s.hold: %v", where, err)
-			} else if h.From.IP.IsValid() && h.From.IP.Is4() != h.to.Addr().Is4() {
-				bad("%s.hold: from %s and to %s are of different families", where, h.From.IP, h.to)
-			}
-		case st.Check != nil:
-			if !holds[st.Check.Held] {
-				bad("%s.check: no earlier hold named %q", where, st.Check.Held)
-			}
-			if st.Check.Alive == nil {
-				bad("%s.check: alive (true or false) is required", where)
-			}
-		case st.Sleep != nil:
-			if *st.Sleep < 0 || time.Duration(*st.Sleep) > 10*time.Minute {
-				bad("%s.sleep: %v out of range (0..10m)", where, time.Duration(*st.Sleep))
-			}
+	case st.Hold != nil:
+		h := st.Hold
+		if h.Name == "" {
+			v.bad("%s.hold: name is required", where)
+		} else if v.holds[h.Name] {
+			v.bad("%s.hold: name %q used twice", where, h.Name)
+		}
+		v.holds[h.Name] = true
+		if !h.From.IP.IsValid() {
+			v.bad("%s.hold: from is required", where)
+		}
+		var err error
+		if h.to, err = parseTo(h.To); err != nil {
+			v.bad("%s.hold: %v", where, err)
+		} else if h.From.IP.IsValid() && h.From.IP.Is4() != h.to.Addr().Is4() {
+			v.bad("%s.hold: from %s and to %s are of different families", where, h.From.IP, h.to)
+		}
+	case st.Check != nil:
+		if !v.holds[st.Check.Held] {
+			v.bad("%s.check: no earlier hold named %q", where, st.Check.Held)
+		}
+		if st.Check.Alive == nil {
+			v.bad("%s.check: alive (true or false) is required", where)
+		}
+	case st.Sleep != nil:
+		if *st.Sleep < 0 || time.Duration(*st.Sleep) > 10*time.Minute {
+			v.bad("%s.sleep: %v out of range (0..10m)", where, time.Duration(*st.Sleep))
 		}
 	}
-	if nprobes == 0 && len(holds) == 0 {
-		bad("no probes: a scenario must probe something")
-	}
-	for m, ovs := range s.Overrides {
+}
+
+func (v *validator) overrides() {
+	for m, ovs := range v.s.Overrides {
 		if canonicalMode(m) == "" {
-			bad("overrides: unknown mode %q", m)
+			v.bad("overrides: unknown mode %q", m)
 		}
 		for i, o := range ovs {
 			switch {
 			case o.Probe == "":
-				bad("overrides.%s[%d]: probe is required", m, i)
-			case !names[o.Probe]:
-				bad("overrides.%s[%d]: no probe named %q", m, i, o.Probe)
+				v.bad("overrides.%s[%d]: probe is required", m, i)
+			case !v.names[o.Probe]:
+				v.bad("overrides.%s[%d]: no probe named %q", m, i, o.Probe)
 			}
 			if o.Expect.IsZero() {
-				bad("overrides.%s[%d]: expect is required", m, i)
+				v.bad("overrides.%s[%d]: expect is required", m, i)
 			}
 			if strings.TrimSpace(o.Why) == "" {
-				bad("overrides.%s[%d]: why is required (say why the mode knowingly differs)", m, i)
+				v.bad("overrides.%s[%d]: why is required (say why the mode knowingly differs)", m, i)
 			}
 		}
 	}
-	return errors.Join(errs...)
 }
 
 func (p *Probe) validate() error {

@@ -138,6 +138,19 @@ func (s *Scenario) flows() []flow {
 	return out
 }
 
+// listenPlan collects the listeners to start: namespace -> address:port ->
+// protocols.
+type listenPlan map[*lab.NS]map[netip.AddrPort][]string
+
+func (l listenPlan) want(ns *lab.NS, ap netip.AddrPort, proto string) {
+	if l[ns] == nil {
+		l[ns] = map[netip.AddrPort][]string{}
+	}
+	if !slices.Contains(l[ns][ap], proto) {
+		l[ns][ap] = append(l[ns][ap], proto)
+	}
+}
+
 // build creates every namespace, address, route and listener of the
 // scenario. On error the caller still closes the lab, which removes what
 // was made.
@@ -150,39 +163,53 @@ func (w *world) build() error {
 	if w.node, err = w.lab.AddNode("node", w.sc.nodeAddrs...); err != nil {
 		return err
 	}
-	listen := map[*lab.NS]map[netip.AddrPort][]string{}
-	want := func(ns *lab.NS, ap netip.AddrPort, proto string) {
-		if listen[ns] == nil {
-			listen[ns] = map[netip.AddrPort][]string{}
-		}
-		if !slices.Contains(listen[ns][ap], proto) {
-			listen[ns][ap] = append(listen[ns][ap], proto)
+	plan := listenPlan{}
+	if err := w.buildEndpoints(plan); err != nil {
+		return err
+	}
+	if err := w.buildClients(); err != nil {
+		return err
+	}
+	if err := w.planDestinations(plan); err != nil {
+		return err
+	}
+	for ns, aps := range plan {
+		for ap, protos := range aps {
+			if err := w.startListener(ns, ap, protos); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
+}
 
-	// Endpoints: pods exist for the whole scenario; steps only change
-	// which of them are endpoints.
+// buildEndpoints creates a namespace per endpoint address: pods exist for
+// the whole scenario; steps only change which of them are endpoints.
+func (w *world) buildEndpoints(plan listenPlan) error {
 	for _, e := range collectEndpoints(w.sc) {
 		w.eps[e.addr] = e
 		var ns *lab.NS
+		var err error
 		switch {
 		case w.nodeOwned(e.addr): // hostNetwork endpoint
 			ns = w.node.NS
 		case e.local:
-			if ns, err = w.addPod(w.node, e.addr); err != nil {
-				return err
-			}
+			ns, err = w.addPod(w.node, e.addr)
 		default:
-			if ns, err = w.addRemotePod(e.addr); err != nil {
-				return err
-			}
+			ns, err = w.addRemotePod(e.addr)
+		}
+		if err != nil {
+			return err
 		}
 		for _, p := range e.ports {
-			want(ns, netip.AddrPortFrom(e.addr, p.port), p.proto)
+			plan.want(ns, netip.AddrPortFrom(e.addr, p.port), p.proto)
 		}
 	}
+	return nil
+}
 
-	// Clients.
+// buildClients places every probe and hold source by its role.
+func (w *world) buildClients() error {
 	var externals []netip.Addr
 	for _, f := range w.sc.flows() {
 		a := f.from.IP
@@ -226,57 +253,50 @@ func (w *world) build() error {
 			}
 		}
 	}
-	if len(externals) > 0 {
-		if w.ext, err = w.lab.AddClient(w.node, "ext", externals...); err != nil {
-			return err
-		}
+	if len(externals) == 0 {
+		return nil
 	}
+	var err error
+	w.ext, err = w.lab.AddClient(w.node, "ext", externals...)
+	return err
+}
 
-	// Destinations: every probed address:port gets a listener where it
-	// lives, so an untouched packet answers "PASS" instead of looking like
-	// a REJECT (nothing listening) or DROP (no route).
+// planDestinations gives every probed address:port a listener where it
+// lives, so an untouched packet answers "PASS" instead of looking like a
+// REJECT (nothing listening) or a DROP (no route). Destinations no
+// namespace owns go to the sink.
+func (w *world) planDestinations(plan listenPlan) error {
 	var sinkAddrs []netip.Addr
-	type sinkWant struct {
-		ap    netip.AddrPort
-		proto string
-	}
-	var sinkWants []sinkWant
+	var sinkFlows []flow
 	for _, f := range w.sc.flows() {
 		var owner *lab.NS
-		switch a := f.to.Addr(); {
-		case a.IsLoopback():
+		if a := f.to.Addr(); a.IsLoopback() {
 			c, err := w.clientFor(f.from)
 			if err != nil {
 				return err
 			}
 			owner = c.ns
-		default:
+		} else {
 			owner = w.lab.Owner(a)
 		}
 		if owner != nil {
-			want(owner, f.to, f.proto)
+			plan.want(owner, f.to, f.proto)
 			continue
 		}
 		if !slices.Contains(sinkAddrs, f.to.Addr()) {
 			sinkAddrs = append(sinkAddrs, f.to.Addr())
 		}
-		sinkWants = append(sinkWants, sinkWant{f.to, f.proto})
+		sinkFlows = append(sinkFlows, f)
 	}
-	if len(sinkAddrs) > 0 {
-		if w.sink, err = w.lab.AddClient(w.node, "sink", sinkAddrs...); err != nil {
-			return err
-		}
-		for _, s := range sinkWants {
-			want(w.sink, s.ap, s.proto)
-		}
+	if len(sinkAddrs) == 0 {
+		return nil
 	}
-
-	for ns, aps := range listen {
-		for ap, protos := range aps {
-			if err := w.startListener(ns, ap, protos); err != nil {
-				return err
-			}
-		}
+	var err error
+	if w.sink, err = w.lab.AddClient(w.node, "sink", sinkAddrs...); err != nil {
+		return err
+	}
+	for _, f := range sinkFlows {
+		plan.want(w.sink, f.to, f.proto)
 	}
 	return nil
 }
