@@ -191,8 +191,9 @@ func TestSyncerBookkeeping(t *testing.T) {
 
 // TestSyncerPeriodicFullSync: a sync with nothing changed is a no-op for
 // the datapath, except once syncPeriod has passed since the last full
-// sync: then everything is re-evaluated and re-applied (kube-proxy's
-// periodic full resync), which repairs a datapath changed behind xvs's back.
+// sync: then the Tracker re-evaluates every Service and the State goes to
+// the datapath again (kube-proxy's periodic full resync; the datapath
+// itself skips ports whose pointer did not change).
 func TestSyncerPeriodicFullSync(t *testing.T) {
 	cfg := controller.Config{NodeName: "n1"}
 	tr, err := controller.NewTracker(cfg)
