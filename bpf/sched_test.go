@@ -274,3 +274,39 @@ func TestPrivReaper(t *testing.T) {
 		t.Fatalf("after the reap, lc chose %s, want %s", got, b)
 	}
 }
+
+// TestPrivFullSyncRepairs: a map entry removed behind the agent's back
+// stays gone through ordinary syncs (they only touch what changed) and is
+// restored by a forced full sync.
+func TestPrivFullSyncRepairs(t *testing.T) {
+	e, sp := schedService(t, "random")
+	st := &model.State{Services: map[model.ServicePortName]*model.ServicePort{sp.Name: sp}}
+	if err := e.dp.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	var k xbpf.SvcKey
+	var v xbpf.SvcValue
+	var head xbpf.SvcKey
+	it := e.m.Services.Iterate()
+	for it.Next(&k, &v) {
+		if k.Slot == 0 {
+			head = k
+		}
+	}
+	if err := e.m.Services.Delete(&head); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Services.Lookup(&head, &v); err == nil {
+		t.Fatal("an ordinary sync rewrote an unchanged Service")
+	}
+	e.dp.ForceFullSync()
+	if err := e.dp.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Services.Lookup(&head, &v); err != nil || v.Count != 4 {
+		t.Fatalf("full sync did not restore the service head: %v %+v", err, v)
+	}
+}

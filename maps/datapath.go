@@ -164,6 +164,11 @@ func (d *Datapath) recover() error {
 
 func (d *Datapath) Mode() string { return "ebpf" }
 
+// ForceFullSync makes the next Sync rewrite every entry it owns and remove
+// whatever else the maps hold, as at start: it repairs maps changed behind
+// the agent's back. Ordinary Syncs only touch ServicePorts that changed.
+func (d *Datapath) ForceFullSync() { d.fullSync = true }
+
 // Problems lists what the last sync could not program as asked: frontends
 // claimed by more than one ServicePort (the first in name order keeps it),
 // schedulers the datapath does not have.

@@ -47,8 +47,10 @@ type syncer struct {
 
 	// Touched only by sync (the runner's goroutine).
 	lastFull time.Time
-	reported map[controller.Problem]bool
-	dpProbs  map[string]bool
+	// lastRewrite is when the datapath last rewrote all its entries.
+	lastRewrite time.Time
+	reported    map[controller.Problem]bool
+	dpProbs     map[string]bool
 }
 
 // healthServers is what the syncer needs of healthcheck.ServiceHealth.
@@ -124,6 +126,10 @@ func (s *syncer) queued() {
 	}
 }
 
+// fullRewritePeriod bounds how long a datapath entry changed behind the
+// agent's back can survive.
+const fullRewritePeriod = time.Hour
+
 // sync builds the State and applies it. A full sync is forced at start (the
 // Tracker's first Build), after a failure, on a Node change (both by the
 // Tracker) and every syncPeriod (here).
@@ -142,6 +148,15 @@ func (s *syncer) sync(ctx context.Context) error {
 
 	b := s.tracker.Build()
 	s.reportProblems(b.Problems)
+	if b.Full && start.Sub(s.lastRewrite) >= fullRewritePeriod {
+		// A periodic full sync re-evaluates every Service; once an hour
+		// (kube-proxy's iptables fullSyncPeriod) the datapath also
+		// rewrites every entry, repairing maps changed behind our back.
+		if f, ok := s.dp.(interface{ ForceFullSync() }); ok {
+			f.ForceFullSync()
+		}
+		s.lastRewrite = start
+	}
 	if b.Changed || b.Full {
 		if err := s.dp.Sync(ctx, b.State); err != nil {
 			s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)

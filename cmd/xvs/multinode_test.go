@@ -209,7 +209,9 @@ func TestPrivMultiNodePolicies(t *testing.T) {
 	w := newMultiNodeWorld(t)
 	podA := netip.AddrPortFrom(mnPodA, 8080)
 	podB := netip.AddrPortFrom(mnPodB, 8080)
-	svc := func(last byte) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 30, 0, last}), 80) }
+	svc := func(last byte) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 30, 0, last}), 80)
+	}
 	type client struct {
 		ns   *lab.NS
 		ip   netip.Addr
