@@ -359,6 +359,13 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	}
 
 	var errs []error
+	// Rules first: a frontend must never answer before its filtering
+	// (source ranges, KUBE-IPVS-FILTER) and masquerade are in place.
+	if !d.cfg.NoRules {
+		if err := d.rule.Apply(renderRules(st, want, d.cfg)); err != nil {
+			return err
+		}
+	}
 	if err := d.k.EnsureDevice(); err != nil {
 		return err
 	}
@@ -444,11 +451,6 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	}
 	if err := d.saveOwned(); err != nil {
 		errs = append(errs, err)
-	}
-	if !d.cfg.NoRules {
-		if err := d.rule.Apply(renderRules(st, want, d.cfg)); err != nil {
-			errs = append(errs, err)
-		}
 	}
 	if err := d.ct.CleanupUDP(want.Serving, goneUDP); err != nil {
 		// Stale entries cost a UDP client a retry; not worth a failed sync.

@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -291,7 +292,14 @@ func (m *mobyKernel) AddDeviceAddr(a netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("find %s: %w", m.device, err)
 	}
-	if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: hostPrefix(a)}); err != nil {
+	addr := &netlink.Addr{IPNet: hostPrefix(a)}
+	if a.Is6() {
+		// Deprecated (preferred lifetime 0, valid forever): still local,
+		// but IPv6 source selection never picks a VIP, e.g. for the
+		// masquerade of a connection to another VIP.
+		addr.ValidLft, addr.PreferedLft = math.MaxUint32, 0 // MaxUint32: forever
+	}
+	if err := netlink.AddrReplace(l, addr); err != nil {
 		return fmt.Errorf("add %s to %s: %w", a, m.device, err)
 	}
 	return nil

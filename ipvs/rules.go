@@ -147,6 +147,19 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 			fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw counter drop\n", ip)
 		}
 		fmt.Fprintf(&b, "\t}\n")
+		if len(lbFW) > 0 {
+			// The node's own connections to an LB IP never reach INPUT:
+			// IPVS takes them at LOCAL_OUT (priority -99), so the source
+			// ranges apply before it (KUBE-IPVS-OUT-FILTER, #119656).
+			proto := "ip protocol"
+			if !fam.is4 {
+				proto = "ip6 nexthdr"
+			}
+			fmt.Fprintf(&b, "\tchain filter_output {\n\t\ttype filter hook output priority -110; policy accept;\n")
+			fmt.Fprintf(&b, "\t\t%s daddr . %s . th dport . %s saddr @lb_allow accept\n", ip, proto, ip)
+			fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw counter drop\n", ip)
+			fmt.Fprintf(&b, "\t}\n")
+		}
 		// Mark-then-masquerade, as kube-proxy: the decision needs the
 		// Service port, which only the packet before IPVS's DNAT carries.
 		mark := fmt.Sprintf("meta mark set meta mark | %#x", MasqueradeMark)

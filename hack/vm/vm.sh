@@ -37,6 +37,9 @@ GUEST_MODULES=(virtio_pci 9pnet_virtio 9p xfrm_user nfnetlink
 	xt_comment xt_addrtype xt_nat xt_tcpudp
 	ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_dh ip_vs_sh
 	ip_vs_sed ip_vs_nq ip_vs_mh ip_vs_fo ip_vs_ovf ip_vs_twos)
+# Modules copied (with their dependencies) but not loaded: the kernel loads
+# them on demand (an SCTP socket), and tests can check it did not.
+GUEST_ON_DEMAND_MODULES=(sctp)
 # Module directories copied whole, so the kernel can autoload what a rule or
 # qdisc asks for (nft expressions, xtables matches, classifiers).
 GUEST_MODULE_DIRS=(net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/sched net/bridge)
@@ -141,10 +144,13 @@ cmd_image() {
 	# Kernel modules: the dependency closure of GUEST_MODULES, then a fresh depmod.
 	[ -e "$kdir/root/lib/modules/$kver/modules.dep" ] || depmod -b "$kdir/root" "$kver"
 	: >"$root/etc/modules"
-	for m in "${GUEST_MODULES[@]}"; do
+	for m in "${GUEST_MODULES[@]}" "${GUEST_ON_DEMAND_MODULES[@]}"; do
 		local deps
 		deps=$(modprobe -d "$kdir/root" -S "$kver" --show-depends "$m" 2>/dev/null) || continue
-		echo "$m" >>"$root/etc/modules"
+		case " ${GUEST_ON_DEMAND_MODULES[*]} " in
+		*" $m "*) ;;
+		*) echo "$m" >>"$root/etc/modules" ;;
+		esac
 		for f in $(echo "$deps" | awk '$1 == "insmod" {print $2}'); do
 			f=${f#"$kdir/root"}
 			mkdir -p "$root$(dirname "$f")"
