@@ -376,6 +376,22 @@ func writeTrafficGoals(b *bytes.Buffer, rs []trafficResult) {
 		}
 	}
 	fmt.Fprintf(b, "\nRatios are judged without a noise allowance: one within a few percent of the threshold is a tie rather than a clear result.\n\n")
+	for _, r := range rs {
+		x, f := r.Cells[dpXvs], r.Cells[dpFloor]
+		if x == nil || f == nil || len(x.Runs) == 0 || x.Runs[0].Prog == nil || x.Runs[0].Prog.Conns == 0 || x.Runs[0].Prog.Runs == 0 {
+			continue
+		}
+		p := x.Runs[0].Prog
+		extra := cellMedian(x, cpuConn) - cellMedian(f, cpuConn)
+		if extra <= 0 {
+			continue
+		}
+		fmt.Fprintf(b, "**What limits conn/s through xvs** (at %d Services): a connection is %.0f packets through `xvs_tc_ingress` at %.0f ns each in this traffic (more than the %s of the per-packet figures above, which run on warm caches), %.1f µs per connection, against %.1f µs of extra CPU per connection over the floor (the program's run time is %.0f%% of that gap). Staying within 10%% of the floor needs the whole extra cost below %.1f µs per connection, i.e. about %.0f ns per packet if the program were all of it.\n\n",
+			r.N, float64(p.Runs)/float64(p.Conns), float64(p.Runtime)/float64(p.Runs), "BPF_PROG_TEST_RUN medians",
+			float64(p.Runtime)/float64(p.Conns)/1e3, extra/1e3, 100*float64(p.Runtime)/float64(p.Conns)/extra,
+			cellMedian(f, cpuConn)/9/1e3, cellMedian(f, cpuConn)/9/(float64(p.Runs)/float64(p.Conns)))
+		break
+	}
 	fmt.Fprintf(b, `**Reference, not measured by us** (from the issue text): the real kube-proxy v1.37 on this machine, one node namespace, three pods, connect/send/recv/close loops, medians of 6 runs, ±15%% noise: nftables mode about 0.93x the floor at 1 Service and 0.72x at 10k; iptables mode about 0.80x and 0.50x. Our rule sets have kube-proxy's shape but not all of its rules (no NodePort, firewall or health-check chains, no masquerade of off-cluster clients), so the figures above are the rule-matching and NAT part of those numbers.
 
 `)
