@@ -376,7 +376,7 @@ func writeTrafficGoals(b *bytes.Buffer, rs []trafficResult) {
 		}
 	}
 	fmt.Fprintf(b, "\nRatios are judged without a noise allowance: one within a few percent of the threshold is a tie rather than a clear result.\n\n")
-	for _, r := range rs {
+	for _, r := range slices.Backward(rs) { // the largest size measured
 		x, f := r.Cells[dpXvs], r.Cells[dpFloor]
 		if x == nil || f == nil || len(x.Runs) == 0 || x.Runs[0].Prog == nil || x.Runs[0].Prog.Conns == 0 || x.Runs[0].Prog.Runs == 0 {
 			continue
