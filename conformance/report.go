@@ -40,9 +40,11 @@ const runnerNotes = `## How the runner realises a scenario
 - **Probes**: each try is a new connection (TCP) or a new socket (UDP) from the ` + "`from`" + ` address; a list
   needs every try on a member and every member reached (or, with ClientIP affinity, one member for
   all). Tries stop at the first one that already fails the probe; DROP tries run in parallel.
-- **Limits**: SCTP probes fail (Go has no SCTP sockets; the host kernel has no SCTP module either);
-  ` + "`detectLocalMode`" + ` other than ClusterCIDR fails (no agent flag); unknown fields make a file malformed
-  (FORMAT.md defines a closed set; a typo must not weaken a scenario).
+- **SCTP** uses raw one-to-one SCTP sockets; Linux SCTP ignores ICMP unreachables for an INIT, so a
+  raw ICMP socket in the client's namespace watches for one quoting the INIT (REJECT). A kernel without
+  the sctp module (this host's) fails SCTP probes with that reason; the VM run loads it.
+- **Limits**: ` + "`detectLocalMode`" + ` other than ClusterCIDR fails (no agent flag); unknown fields make a file
+  malformed (FORMAT.md defines a closed set; a typo must not weaken a scenario).
 
 `
 
