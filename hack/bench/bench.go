@@ -192,6 +192,21 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
+	var agent []agentResult
+	if len(opts.Control.Sizes) > 0 {
+		dir, err := os.MkdirTemp("", "xvs-bench-bin-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		bin, err := buildXvs(ctx, dir, false)
+		if err != nil {
+			return err
+		}
+		if agent, err = measureAgentProcess(ctx, opts, bin); err != nil {
+			return fmt.Errorf("control plane, agent process: %w", err)
+		}
+	}
 	vm, err := measureVM(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("vm: %w", err)
@@ -215,10 +230,10 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	opts.loadAtStart = load
 	var summary bytes.Buffer
-	writeSummary(&summary, results, traffic, control, vm, time.Since(began))
+	writeSummary(&summary, results, traffic, control, agent, vm, time.Since(began))
 	r := report(opts, cfg, results, sched, xdp, filepath.Base(png), summary.Bytes())
 	r = append(r, trafficReport(opts, traffic, plots)...)
-	r = append(r, controlReport(opts, control, plots)...)
+	r = append(r, controlReport(opts, control, agent, plots)...)
 	if vm != nil {
 		p := base + "-vm.png"
 		if err := linePlot(p, "VM (emulated): new TCP connections per second", "connections / s", vm.Results[0].N, vm.Results[len(vm.Results)-1].N,

@@ -386,8 +386,11 @@ func controlObjects(n int) ([]*v1.Service, []*discoveryv1.EndpointSlice) {
 }
 
 // procStatus reads one "kB" line of /proc/self/status, in bytes.
-func procStatus(field string) (uint64, error) {
-	b, err := os.ReadFile("/proc/self/status")
+func procStatus(field string) (uint64, error) { return statusField("/proc/self/status", field) }
+
+// statusField reads one "kB" line of a /proc/PID/status file, in bytes.
+func statusField(path, field string) (uint64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -397,11 +400,11 @@ func procStatus(field string) (uint64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no %s in /proc/self/status", field)
+	return 0, fmt.Errorf("no %s in %s", field, path)
 }
 
 // controlReport renders the control-plane section.
-func controlReport(opts Options, rs []controlResult, plots map[string]string) []byte {
+func controlReport(opts Options, rs []controlResult, agent []agentResult, plots map[string]string) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "## Control plane: the agent's pipeline at scale\n\n")
 	if len(rs) == 0 {
@@ -434,6 +437,15 @@ func controlReport(opts Options, rs []controlResult, plots map[string]string) []
 			percentile(slices.Sorted(slices.Values(last.ChangeBuild)), 0.99).Round(time.Microsecond*10),
 			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.5).Round(time.Microsecond*10),
 			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.99).Round(time.Microsecond*10), controlMinSync)
+	}
+	if len(agent) > 0 {
+		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, file source; its map sizes are fixed at %d service slots, so up to %d Services x %d endpoints): N Services and their EndpointSlices in one manifest file, the time from the process's start to every Service's head in the pinned map (reading and decoding the YAML, the tracker, the sync), and the process's memory then.\n\n",
+			loader.DefaultConfig().MaxServiceSlots, agentMaxServices, backendsPerService)
+		fmt.Fprintf(&b, "| Services | Backends | Ready after | RSS (MiB) | Peak RSS (MiB) |\n|---:|---:|---:|---:|---:|\n")
+		for _, a := range agent {
+			fmt.Fprintf(&b, "| %d | %d | %v | %.0f | %.0f |\n", a.N, a.N*backendsPerService, a.Ready.Round(time.Millisecond), float64(a.RSS)/(1<<20), float64(a.HWM)/(1<<20))
+		}
+		fmt.Fprintln(&b)
 	}
 	fmt.Fprintf(&b, "### Goals\n\n| Goal | Measured | Met |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| full sync of %d Services x %d endpoints <= %v | wall %v (Datapath.Sync alone %v); CPU %v (Datapath.Sync alone %v) | wall %s, CPU %s |\n", last.N, backendsPerService, goalSyncTime,

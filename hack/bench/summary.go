@@ -11,7 +11,7 @@ import (
 // writeSummary puts every goal of the issue in one table, each with the
 // measured figure of this run and whether it is met; the sections below
 // have the details and what limits the missed ones.
-func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, control []controlResult, vm *vmResult, took time.Duration) {
+func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, control []controlResult, agent []agentResult, vm *vmResult, took time.Duration) {
 	fmt.Fprintf(b, "## Summary of the goals\n\n")
 	fmt.Fprintf(b, "This run took %v. Details, methods and what limits the missed goals are in the sections below.\n\n", took.Round(time.Second))
 	fmt.Fprintf(b, "| Goal | Measured | Met |\n|---|---|---|\n")
@@ -78,6 +78,11 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 			fmt.Fprintf(b, "| control plane: one EndpointSlice change to the maps at %d Services, p99 <= %v | p50 %v, p99 %v | %s |\n", last.N, goalChangeP99,
 				percentile(s, 0.5).Round(time.Millisecond), percentile(s, 0.99).Round(time.Millisecond), yesNo(percentile(s, 0.99) <= goalChangeP99))
 		}
+	}
+	if len(agent) > 0 {
+		a := agent[len(agent)-1]
+		fmt.Fprintf(b, "| control plane: the real agent process (file source) at %d Services x %d endpoints (its maps hold at most %d) | ready after %v, peak RSS %.0f MiB | (context) |\n",
+			a.N, backendsPerService, agentMaxServices, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20))
 	}
 	if vm != nil {
 		var ms []string

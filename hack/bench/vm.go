@@ -70,13 +70,16 @@ func measureVM(ctx context.Context, opts Options) (*vmResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(share)
-	for _, b := range [][2]string{{"xvsbench", "./hack/bench"}, {"xvs", "./cmd/xvs"}} {
+	for _, b := range [][2]string{{"xvsbench", "./hack/bench"}} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, b[0]), b[1])
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "PATH="+os.Getenv("PATH")+":/usr/local/go/bin")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("build %s: %v: %s", b[1], err, out)
 		}
+	}
+	if _, err := buildXvs(ctx, share, true); err != nil {
+		return nil, err
 	}
 	to := vo.Traffic
 	ds := to.Datapaths
