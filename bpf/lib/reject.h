@@ -120,9 +120,12 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 	__u8 quote[ICMP_QUOTE_MAX] = {};
 	struct icmphdr icmp = {};
 	struct iphdr ip;
-	__u32 qlen = p->l4_off - p->l3_off + 8;
+	/* The header length is a multiple of 4 in 20..60: masking keeps the
+	 * verifier (of older kernels too) sure of the quote's bounds. */
+	__u32 hlen = (p->l4_off - p->l3_off) & 0x3c;
+	__u32 qlen = hlen + 8;
 
-	if (qlen > ICMP_QUOTE_MAX || qlen < sizeof(ip) + 8)
+	if (hlen < sizeof(ip))
 		return -1;
 	if (bpf_skb_load_bytes(skb, p->l3_off, quote, qlen))
 		return -1;
