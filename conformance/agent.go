@@ -121,10 +121,37 @@ func pickSentinel(sc *Scenario, text []byte) (vip, client, backend netip.Addr, e
 	return vip, client, backend, errors.New("no free sentinel addresses in 198.18.0.0/15")
 }
 
+// sentinelPodAddr picks a free address near the top of the first IPv4
+// pod CIDR that the scenario does not mention.
+func sentinelPodAddr(sc *Scenario, text []byte, l *lab.Lab) (netip.Addr, bool) {
+	for _, p := range sc.podCIDRs {
+		if !p.Addr().Is4() || p.Bits() > 24 {
+			continue
+		}
+		v := p.Addr().As4()
+		host := uint32(1)<<(32-p.Bits()) - 1
+		base := uint32(v[0])<<24 | uint32(v[1])<<16 | uint32(v[2])<<8 | uint32(v[3])
+		for i := uint32(2); i < 66; i++ {
+			x := base | (host - i)
+			a := netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+			if !bytes.Contains(text, []byte(a.String())) && l.Owner(a) == nil && !prefixesContain(sc.serviceCIDRs, a) {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
 func (w *world) startSentinel(text []byte) error {
 	vip, c, b, err := pickSentinel(w.sc, text)
 	if err != nil {
 		return err
+	}
+	// The client sits inside the cluster CIDR when the scenario has an IPv4
+	// one, so its datagrams are pod traffic and need no masquerade (a node
+	// without an IPv4 address could not masquerade them).
+	if pc, ok := sentinelPodAddr(w.sc, text, w.lab); ok {
+		c = pc
 	}
 	s := &sentinel{vip: vip, client: c, backend: b, done: make(chan struct{})}
 	if s.clientNS, err = w.lab.AddPod(w.node, "syncc", c); err != nil {
