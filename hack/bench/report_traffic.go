@@ -327,7 +327,7 @@ func writeProgramTable(b *bytes.Buffer, rs []trafficResult) {
 	for _, r := range rs {
 		fmt.Fprintf(b, "| %d |", r.N)
 		for _, d := range ds {
-			if c := r.Cells[d]; c != nil {
+			if c := r.Cells[d]; c != nil && len(c.Runs) > 0 {
 				fmt.Fprintf(b, " %v |", c.Program.Round(time.Millisecond/10))
 			} else {
 				fmt.Fprintf(b, " – |")
