@@ -27,9 +27,10 @@ type XvsFlowScratch struct {
 		Proto    uint8
 		TcpFlags uint8
 		Family   uint8
+		ScanSlot uint8
 		HasL4    bool
+		_        [3]byte
 	}
-	_   [4]byte
 	Res struct {
 		_  structs.HostLayout
 		Rw struct {
@@ -45,6 +46,16 @@ type XvsFlowScratch struct {
 		Verdict uint32
 	}
 	Entry XvsXvsCtEntry
+}
+
+type XvsLbScan struct {
+	_          structs.HostLayout
+	Key        XvsXvsSvcKey
+	BestConns  uint32
+	BestWeight uint32
+	BestSlot   uint16
+	Sched      uint8
+	Pad        uint8
 }
 
 type XvsXvsAffinityKey struct {
@@ -314,6 +325,7 @@ const (
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsFragments         = "xvs_fragments"
+	XvsMapXvsLbScan            = "xvs_lb_scan"
 	XvsMapXvsMembers           = "xvs_members"
 	XvsMapXvsNodeConfig        = "xvs_node_config"
 	XvsMapXvsPodCidrs          = "xvs_pod_cidrs"
@@ -431,6 +443,7 @@ type XvsMapSpecs struct {
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
+	XvsLbScan        *ebpf.MapSpec `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
 	XvsNodeConfig    *ebpf.MapSpec `ebpf:"xvs_node_config"`
 	XvsPodCidrs      *ebpf.MapSpec `ebpf:"xvs_pod_cidrs"`
@@ -502,6 +515,7 @@ type XvsMaps struct {
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
+	XvsLbScan        *ebpf.Map `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
 	XvsNodeConfig    *ebpf.Map `ebpf:"xvs_node_config"`
 	XvsPodCidrs      *ebpf.Map `ebpf:"xvs_pod_cidrs"`
@@ -527,6 +541,7 @@ func (m *XvsMaps) Close() error {
 		m.XvsClusterIps,
 		m.XvsConntrack,
 		m.XvsFragments,
+		m.XvsLbScan,
 		m.XvsMembers,
 		m.XvsNodeConfig,
 		m.XvsPodCidrs,

@@ -93,27 +93,44 @@ static __always_inline void lb_conns(__u32 id, __u32 *active, __u32 *inactive)
 	*inactive = i > 0 ? i : 0;
 }
 
+/* State of a least-connection scan. It lives in a per-CPU map, not in the
+ * caller's stack frame: the 6.1 verifier's bpf_loop inlining loses writes
+ * made through the callback's context pointer from one iteration to the
+ * next. One slot per calling context (packet path, socket hooks), since a
+ * softirq may interrupt a socket hook on the same CPU. */
 struct lb_scan {
 	struct xvs_svc_key key;
-	__u32 best_id;
 	__u32 best_conns;
 	__u32 best_weight;
 	__u16 best_slot;
 	__u8 sched;
+	__u8 pad;
 };
 
-/* One step of the least-connection scan (bpf_loop callback): slot i + 1.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_scan);
+	__uint(max_entries, 2);
+} xvs_lb_scan SEC(".maps");
+
+enum { LB_SCAN_PACKET = 0, LB_SCAN_SOCKET = 1 };
+
+/* One step of the least-connection scan (bpf_loop callback): slot i + 1;
+ * ctx points at the scan's slot number in xvs_lb_scan.
  * The overheads are IPVS's (A active, I inactive connections, W weight):
  *   lc: A * 256 + I;  wlc: (A * 256 + I) / W;  sed: (A + 1) / W;
  *   nq: an idle backend (A = 0) at once, else sed.
  * Ratios compare by cross-multiplication; weight 0 (quiesced) never wins. */
 static long lb_scan_step(__u32 i, void *ctx)
 {
-	struct lb_scan *s = ctx;
+	struct lb_scan *s = bpf_map_lookup_elem(&xvs_lb_scan, ctx);
 	struct xvs_svc_value *sv;
 	struct xvs_backend *be;
 	__u32 id, c, w;
 
+	if (!s)
+		return 1;
 	s->key.slot = i + 1;
 	sv = bpf_map_lookup_elem(&xvs_services, &s->key);
 	if (!sv)
@@ -196,11 +213,17 @@ static __always_inline __u16 lb_pick(const struct xvs_svc_key *key, const struct
 	case XVS_SCHED_WLC:
 	case XVS_SCHED_SED:
 	case XVS_SCHED_NQ: {
-		struct lb_scan s = {.key = *key, .sched = svc->sched};
+		__u32 slot = p->scan_slot;
+		struct lb_scan *s = bpf_map_lookup_elem(&xvs_lb_scan, &slot);
 
-		bpf_loop(svc->count, lb_scan_step, &s, 0);
-		if (s.best_slot)
-			return s.best_slot;
+		if (!s)
+			break;
+		__builtin_memset(s, 0, sizeof(*s));
+		s->key = *key;
+		s->sched = svc->sched;
+		bpf_loop(svc->count, lb_scan_step, &slot, 0);
+		if (s->best_slot)
+			return s->best_slot;
 		break;
 	}
 	}

@@ -44,6 +44,9 @@ struct xvs_pkt {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 family;
+	/* Which xvs_lb_scan slot a least-connection scan of this packet
+	 * uses (the packet path's or the socket hooks'). */
+	__u8 scan_slot;
 	/* The L4 header is in this packet (false for non-first fragments). */
 	bool has_l4;
 };

@@ -107,6 +107,7 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 		.dport = (__be16)ctx->user_port,
 		.proto = proto,
 		.family = v6 ? XVS_FAMILY_IPV6 : XVS_FAMILY_IPV4,
+		.scan_slot = LB_SCAN_SOCKET,
 		.has_l4 = true,
 	};
 
