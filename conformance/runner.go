@@ -27,6 +27,9 @@ type Options struct {
 	ExtraAgentArgs []string
 	// Filter, when set, runs only scenarios whose name matches.
 	Filter *regexp.Regexp
+	// Skip, when set, leaves out scenarios whose name matches (a kernel
+	// that cannot realise them, say); they are listed as skipped.
+	Skip *regexp.Regexp
 	// Out receives one line per probe and the summary (nil: discard).
 	Out io.Writer
 	// LogDir keeps each scenario's agent log; empty: a temporary
@@ -116,7 +119,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 			file, reason = me.File, me.Err.Error()
 		}
 		name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(file), ".yaml"), ".yml")
-		if opts.Filter != nil && !opts.Filter.MatchString(name) {
+		if !opts.selects(name) {
 			continue
 		}
 		sr := ScenarioResult{File: file, Name: name, Status: StatusMalformed, Error: reason}
@@ -125,7 +128,11 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		res.Scenarios = append(res.Scenarios, sr)
 	}
 	for _, sc := range scs {
-		if opts.Filter != nil && !opts.Filter.MatchString(sc.Name) {
+		if opts.Skip != nil && opts.Skip.MatchString(sc.Name) {
+			fmt.Fprintf(opts.Out, "SKIP  %s | (--skip %s)\n", sc.Name, opts.Skip)
+			continue
+		}
+		if !opts.selects(sc.Name) {
 			continue
 		}
 		if ctx.Err() != nil {
@@ -386,4 +393,12 @@ func (w *world) close(bin string) error {
 		errs = append(errs, os.RemoveAll(w.dir))
 	}
 	return errors.Join(errs...)
+}
+
+// selects reports whether the scenario called name is to run.
+func (o *Options) selects(name string) bool {
+	if o.Filter != nil && !o.Filter.MatchString(name) {
+		return false
+	}
+	return o.Skip == nil || !o.Skip.MatchString(name)
 }

@@ -38,6 +38,7 @@ func conformanceRun(args []string) error {
 	jsonOut := fs.String("json", "", "also write machine-readable results to FILE")
 	output := fs.String("o", "text", "stdout format: text (one line per probe) or json (results only)")
 	filter := fs.String("run", "", "only scenarios whose name matches this regular expression")
+	skip := fs.String("skip", "", "leave out (and list as skipped) scenarios whose name matches this regular expression")
 	report := fs.String("report", "", "also write a Markdown report (this run only) to FILE")
 	logDir := fs.String("log-dir", "", "keep every agent log in DIR (default: kept only when something fails)")
 	// Flags may follow the directory: `run DIR --mode ipvs`.
@@ -71,6 +72,11 @@ func conformanceRun(args []string) error {
 	if *filter != "" {
 		if opts.Filter, err = regexp.Compile(*filter); err != nil {
 			return fmt.Errorf("--run: %w", err)
+		}
+	}
+	if *skip != "" {
+		if opts.Skip, err = regexp.Compile(*skip); err != nil {
+			return fmt.Errorf("--skip: %w", err)
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
