@@ -100,19 +100,5 @@ func (o *Objects) AttachSockets(cgroupPath string) error {
 
 // detachSockets removes the socket-level links xvs pinned under pinPath.
 func detachSockets(pinPath string) error {
-	dir := filepath.Join(pinPath, "cgroup-links")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
-	var errs []error
-	for _, e := range entries {
-		l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("open cgroup link %s: %w", e.Name(), err))
-			continue
-		}
-		errs = append(errs, l.Unpin(), l.Close())
-	}
-	return errors.Join(errs...)
+	return unpinLinks(filepath.Join(pinPath, "cgroup-links"))
 }

@@ -84,7 +84,12 @@ func xdpModeOf(nl netlink.Link) string {
 
 // detachXDP removes every XDP link xvs pinned under pinPath.
 func detachXDP(pinPath string) error {
-	dir := filepath.Join(pinPath, "xdp-links")
+	return unpinLinks(filepath.Join(pinPath, "xdp-links"))
+}
+
+// unpinLinks removes the links pinned in dir: a link whose last reference
+// was its pin detaches its program.
+func unpinLinks(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil
@@ -93,7 +98,7 @@ func detachXDP(pinPath string) error {
 	for _, e := range entries {
 		l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("open XDP link of %s: %w", e.Name(), err))
+			errs = append(errs, fmt.Errorf("open link %s: %w", e.Name(), err))
 			continue
 		}
 		errs = append(errs, l.Unpin(), l.Close())

@@ -43,22 +43,15 @@ type schedBench struct {
 func measureSchedulers(ctx context.Context, opts Options) (sb schedBench, err error) {
 	cfg := loader.DefaultConfig()
 	cfg.ConntrackSize = max(1<<16, pow2(4*(opts.Samples*len(benchSchedulers)+hitFlows)))
-	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-sched", os.Getpid()))
-	_ = os.RemoveAll(cfg.PinPath)
+	objs, dp, done, err := privateDatapath(cfg, "sched")
+	if err != nil {
+		return sb, err
+	}
 	defer func() {
-		if rerr := os.RemoveAll(cfg.PinPath); rerr != nil && err == nil {
-			err = fmt.Errorf("remove %s: %w", cfg.PinPath, rerr)
+		if derr := done(); derr != nil && err == nil {
+			err = derr
 		}
 	}()
-	objs, err := loader.Load(cfg)
-	if err != nil {
-		return sb, err
-	}
-	defer objs.Close()
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
-	if err != nil {
-		return sb, err
-	}
 	st := buildState(1)
 	var floor []time.Duration
 	for i, name := range benchSchedulers {
@@ -114,4 +107,33 @@ func writeSchedulers(b *bytes.Buffer, sb schedBench) {
 	fmt.Fprintf(b, "\nEmpty program over the same packets: %.0f ns (median).\n\n", sb.Floor.Median)
 	fmt.Fprintf(b, "**Maglev table build** (`maps.MaglevTable`, M = %d, %d backends, median of %d builds): %.2f ms, mean %.2f ms. Goal %v or less: %s.\n\n",
 		maps.DefaultMaglevSize, maglevBackends, maglevBuilds, sb.MaglevBuild.Median/1e6, sb.MaglevBuild.Mean/1e6, maglevGoal, yesNo(sb.MaglevBuild.Median <= float64(maglevGoal)))
+}
+
+// privateDatapath loads fresh objects under a pin path of this process's
+// own (tag names it) and takes over their maps; done closes the objects and
+// removes the pins.
+func privateDatapath(cfg loader.Config, tag string) (*loader.Objects, *maps.Datapath, func() error, error) {
+	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-%s", os.Getpid(), tag))
+	_ = os.RemoveAll(cfg.PinPath)
+	remove := func() error {
+		if err := os.RemoveAll(cfg.PinPath); err != nil {
+			return fmt.Errorf("remove %s: %w", cfg.PinPath, err)
+		}
+		return nil
+	}
+	objs, err := loader.Load(cfg)
+	if err != nil {
+		remove()
+		return nil, nil, nil, err
+	}
+	done := func() error {
+		objs.Close()
+		return remove()
+	}
+	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	if err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return objs, dp, done, nil
 }

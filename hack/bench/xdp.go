@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -15,7 +13,6 @@ import (
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
-	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -61,22 +58,15 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 	cfg := loader.DefaultConfig()
 	samples := min(opts.Samples, 20000)
 	cfg.ConntrackSize = max(1<<16, pow2(8*(samples+hitFlows)))
-	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-xdp", os.Getpid()))
-	_ = os.RemoveAll(cfg.PinPath)
+	objs, dp, done, err := privateDatapath(cfg, "xdp")
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
-		if rerr := os.RemoveAll(cfg.PinPath); rerr != nil && err == nil {
-			err = fmt.Errorf("remove %s: %w", cfg.PinPath, rerr)
+		if derr := done(); derr != nil && err == nil {
+			err = derr
 		}
 	}()
-	objs, err := loader.Load(cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer objs.Close()
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
-	if err != nil {
-		return nil, err
-	}
 	if err := dp.Sync(ctx, xdpState()); err != nil {
 		return nil, fmt.Errorf("sync: %w", err)
 	}
