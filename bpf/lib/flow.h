@@ -62,14 +62,18 @@ struct {
 	__uint(max_entries, 1);
 } xvs_scratch SEC(".maps");
 
-/* The scratch space, zeroed (NULL never happens with a 1-entry array). */
+/* The scratch space with the packet and the decision zeroed (parsing
+ * relies on zero-padded addresses); flow_new clears the entry itself, and
+ * only when it builds one. NULL never happens with a 1-entry array. */
 static __always_inline struct flow_scratch *flow_scratch(void)
 {
 	__u32 zero = 0;
 	struct flow_scratch *sc = bpf_map_lookup_elem(&xvs_scratch, &zero);
 
-	if (sc)
-		__builtin_memset(sc, 0, sizeof(*sc));
+	if (sc) {
+		__builtin_memset(&sc->pkt, 0, sizeof(sc->pkt));
+		__builtin_memset(&sc->res, 0, sizeof(sc->res));
+	}
 	return sc;
 }
 
