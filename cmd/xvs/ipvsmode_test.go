@@ -34,28 +34,7 @@ func newIPVSWorld(t *testing.T, agentArgs ...string) *singleNode {
 	if err := ipvs.Available(); err != nil {
 		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
 	}
-	bin, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := newSingleNode("i", bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && w.Agent != nil {
-			if log, err := os.ReadFile(w.Agent.Log); err == nil {
-				t.Logf("agent log:\n%s", log)
-			}
-		}
-		w.Close()
-	})
-	if err := w.writeService(demoPodIPs); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.startAgent(agentArgs...); err != nil {
-		t.Fatal(err)
-	}
+	w := startWorld(t, "i", agentArgs...)
 	if err := w.waitIPVS(len(demoPodIPs), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -32,11 +32,23 @@ func newWorld(t *testing.T, agentArgs ...string) *singleNode {
 	if os.Geteuid() != 0 {
 		t.Fatal("namespace tests need root (network namespaces, BPF); run them as root")
 	}
+	w := startWorld(t, "t", agentArgs...)
+	if err := w.waitProgrammed(len(demoPodIPs), 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// startWorld builds the single-node world (namespaces under tag), writes
+// the demo Service with every pod and starts the agent; the world goes
+// away with the test, and the agent's log is shown when the test failed.
+func startWorld(t *testing.T, tag string, agentArgs ...string) *singleNode {
+	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := newSingleNode("t", bin)
+	w, err := newSingleNode(tag, bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,9 +64,6 @@ func newWorld(t *testing.T, agentArgs ...string) *singleNode {
 		t.Fatal(err)
 	}
 	if err := w.startAgent(agentArgs...); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.waitProgrammed(len(demoPodIPs), 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return w
