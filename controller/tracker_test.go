@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -227,7 +229,10 @@ func TestTrackerMatchesTranslate(t *testing.T) {
 	got := tr.Build()
 
 	want, wantProbs := Translate(cfg, svcs, sls, node)
-	if !reflect.DeepEqual(got.State, want) {
+	// Numbering is the Tracker's own; the content must match.
+	gotState := *got.State
+	gotState.Generation, gotState.Delta = 0, nil
+	if !reflect.DeepEqual(&gotState, want) {
 		t.Errorf("Build State differs from Translate:\n%+v\n%+v", got.State, want)
 	}
 	if !reflect.DeepEqual(got.Problems, wantProbs) {
@@ -255,5 +260,66 @@ func TestTrackerForceFullSync(t *testing.T) {
 func TestNewTrackerRejectsBadConfig(t *testing.T) {
 	if _, err := NewTracker(Config{NodePortAddresses: []string{"nonsense"}}); err == nil {
 		t.Error("no error for bad nodePortAddresses")
+	}
+}
+
+// TestTrackerDelta: each changed State names exactly the ports that were
+// added, replaced or removed since the previous one, so that a datapath
+// replaying the deltas over the first State ends with the last.
+func TestTrackerDelta(t *testing.T) {
+	tr, _ := NewTracker(testConfig())
+	tr.OnServiceAdd(newSvc("a"))
+	tr.OnServiceAdd(newSvc("b", clusterIPs("10.96.0.2")))
+	tr.OnServiceAdd(newSvc("c", clusterIPs("10.96.0.3")))
+	tr.OnEndpointSliceAdd(v4Slice("a", remoteReady))
+	first := tr.Build()
+	if first.State.Generation == 0 || first.State.Delta != nil {
+		t.Fatalf("first State: generation %d, delta %v", first.State.Generation, first.State.Delta)
+	}
+	replay := maps.Clone(first.State.Services)
+	prev := first.State
+	step := func(want ...string) {
+		t.Helper()
+		s := tr.Build()
+		if !s.Changed {
+			t.Fatalf("build after a change: not changed")
+		}
+		names, ok := s.State.ChangedSince(prev.Generation)
+		if !ok {
+			t.Fatalf("State %d cannot say what changed since %d", s.State.Generation, prev.Generation)
+		}
+		var got []string
+		for _, n := range names {
+			got = append(got, n.Name)
+			if sp, ok := s.State.Services[n]; ok {
+				replay[n] = sp
+			} else {
+				delete(replay, n)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("delta %v, want %v", got, want)
+		}
+		if !maps.Equal(replay, s.State.Services) {
+			t.Errorf("replaying the deltas gives %v, want %v", replay, s.State.Services)
+		}
+		if _, ok := s.State.ChangedSince(prev.Generation - 1); ok && prev.Generation > 1 {
+			t.Errorf("State %d claims to know the changes since %d", s.State.Generation, prev.Generation-1)
+		}
+		prev = s.State
+	}
+	tr.OnEndpointSliceUpdate(nil, v4Slice("a", remoteReady, localReady))
+	step("a")
+	tr.OnServiceDelete(newSvc("b"))
+	tr.OnServiceAdd(newSvc("d", clusterIPs("10.96.0.4")))
+	step("b", "d")
+	// An update that changes nothing visible: no new State.
+	tr.OnServiceUpdate(nil, newSvc("c", clusterIPs("10.96.0.3"), svcLabel("x", "y")))
+	if s := tr.Build(); s.Changed || s.State != prev {
+		t.Fatalf("invisible change: changed %v", s.Changed)
+	}
+	if names, ok := prev.ChangedSince(prev.Generation); !ok || len(names) != 0 {
+		t.Errorf("a State differs from itself: %v %v", names, ok)
 	}
 }

@@ -28,28 +28,45 @@ type Config struct {
 
 // Datapath realises a model.State in the BPF maps (model.Datapath).
 //
-// Each Sync diffs the desired services against what it applied last, by
-// *model.ServicePort pointer (the controller reuses the pointers of
-// unchanged services), so a sync costs O(changed services). Writes follow
+// Each Sync applies the ServicePorts that changed since the State it
+// applied last: those the State's Delta names when it has one (the
+// controller's States do), else those whose *model.ServicePort pointer
+// differs (the controller reuses the pointers of unchanged services). A
+// sync therefore costs O(changed services), not O(services). Writes follow
 // the commit protocol: backends, then slots 1..N, then slot 0, then deletes;
 // a packet therefore never sees a slot 0 whose slots are not written yet.
+//
+// The bookkeeping is sized for a million backends: one map entry per
+// backend without pointers (the garbage collector skips it), IDs in
+// bitmaps, and what a ServicePort references derived from its immutable
+// *ServicePort instead of copied.
 type Datapath struct {
 	m          *Maps
 	svcIDs     *idAlloc[frontendKey]
 	groupIDs   *idAlloc[model.ServicePortName]
-	backendIDs *idAlloc[backendKey]
+	backendIDs idSpace
 
-	applied     map[model.ServicePortName]*appliedService
-	owners      map[frontendKey]model.ServicePortName
-	counts      map[frontendKey]slotCounts
-	backendRefs map[backendKey]int
-	backends    map[backendKey]xbpf.Backend
+	applied map[model.ServicePortName]*appliedService
+	owners  map[frontendKey]model.ServicePortName
+	counts  map[frontendKey]slotCounts
+	// backends holds every backend's ID, reference count and the mutable
+	// part of its map value as written.
+	backends map[backendKey]backendEntry
+	// unreferenced holds backends whose count dropped to zero in this
+	// sync: the candidates for deletion at its end.
+	unreferenced map[backendKey]struct{}
+	// appliedGen is the Generation of the State the last successful sync
+	// applied (0: none, or it failed).
+	appliedGen uint64
+	// retry holds ServicePorts a sync could not program (an ID space or a
+	// map was full); every sync tries them again.
+	retry map[model.ServicePortName]bool
 
 	// recovered holds group IDs read back from the maps at start, until
 	// the first sync hands them to the ServicePorts that own the frontends.
 	recovered map[frontendKey]uint32
 	fullSync  bool
-	problems  []string
+	problems  map[model.ServicePortName][]string
 
 	maglevSize uint32
 	// tables and members record the scheduler tables and the slot
@@ -78,11 +95,22 @@ type slotCounts struct {
 	shortCircuit bool
 }
 
+// backendEntry is one backend's bookkeeping: its ID, how many slots
+// reference it, and the weight and flags last written to its map value
+// (the rest of the value is the key).
+type backendEntry struct {
+	id     uint32
+	refs   uint32
+	weight uint16
+	flags  uint8
+}
+
+// appliedService is what a ServicePort's last plan took: the frontends it
+// owns. The slots and backend references of each follow from sp, which
+// never changes, so release recomputes them instead of storing them.
 type appliedService struct {
-	sp         *model.ServicePort
-	frontends  []frontendKey
-	backends   []backendKey
-	clusterIPs []netip.Addr
+	sp        *model.ServicePort
+	frontends []model.Frontend
 }
 
 // NewDatapath takes over the maps, recovering service, group and backend
@@ -91,24 +119,26 @@ type appliedService struct {
 // removes whatever the maps hold beyond the desired state.
 func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 	d := &Datapath{
-		m:           m,
-		svcIDs:      newIDAlloc[frontendKey](cfg.MaxServices),
-		groupIDs:    newIDAlloc[model.ServicePortName](cfg.MaxServices),
-		backendIDs:  newIDAlloc[backendKey](cfg.MaxBackends),
-		applied:     map[model.ServicePortName]*appliedService{},
-		owners:      map[frontendKey]model.ServicePortName{},
-		counts:      map[frontendKey]slotCounts{},
-		backendRefs: map[backendKey]int{},
-		backends:    map[backendKey]xbpf.Backend{},
-		recovered:   map[frontendKey]uint32{},
-		fullSync:    true,
-		maglevSize:  cfg.MaglevSize,
-		tables:      map[xbpf.SchedKey]tableState{},
-		members:     map[xbpf.SchedKey]map[uint32]bool{},
-		node:        newNodeState(),
-		snatPortMin: cfg.SNATPortMin,
-		snatPortMax: cfg.SNATPortMax,
-		netnsCookie: netnsCookie(),
+		m:            m,
+		svcIDs:       newIDAlloc[frontendKey](cfg.MaxServices),
+		groupIDs:     newIDAlloc[model.ServicePortName](cfg.MaxServices),
+		backendIDs:   newIDSpace(cfg.MaxBackends),
+		applied:      map[model.ServicePortName]*appliedService{},
+		owners:       map[frontendKey]model.ServicePortName{},
+		counts:       map[frontendKey]slotCounts{},
+		backends:     map[backendKey]backendEntry{},
+		unreferenced: map[backendKey]struct{}{},
+		retry:        map[model.ServicePortName]bool{},
+		problems:     map[model.ServicePortName][]string{},
+		recovered:    map[frontendKey]uint32{},
+		fullSync:     true,
+		maglevSize:   cfg.MaglevSize,
+		tables:       map[xbpf.SchedKey]tableState{},
+		members:      map[xbpf.SchedKey]map[uint32]bool{},
+		node:         newNodeState(),
+		snatPortMin:  cfg.SNATPortMin,
+		snatPortMax:  cfg.SNATPortMax,
+		netnsCookie:  netnsCookie(),
 	}
 	if d.snatPortMin == 0 && d.snatPortMax == 0 {
 		d.snatPortMin, d.snatPortMax = DefaultSNATPortMin, DefaultSNATPortMax
@@ -152,9 +182,11 @@ func (d *Datapath) recover() error {
 	var b xbpf.Backend
 	bit := d.m.Backends.Iterate()
 	for bit.Next(&id, &b) {
-		bk := backendKey{addr: decodeAddr(b.Addr, b.Family), port: ntohs(b.Port), proto: model.Protocol(b.Proto)}
-		d.backendIDs.restore(bk, id)
-		d.backends[bk] = b
+		bk := newBackendKey(decodeAddr(b.Addr, b.Family), ntohs(b.Port), model.Protocol(b.Proto))
+		if d.backendIDs.claim(id) {
+			d.backends[bk] = backendEntry{id: id, weight: b.Weight, flags: b.Flags}
+			d.unreferenced[bk] = struct{}{}
+		}
 	}
 	if err := bit.Err(); err != nil {
 		return fmt.Errorf("read backends map: %w", err)
@@ -169,10 +201,22 @@ func (d *Datapath) Mode() string { return "ebpf" }
 // the agent's back. Ordinary Syncs only touch ServicePorts that changed.
 func (d *Datapath) ForceFullSync() { d.fullSync = true }
 
-// Problems lists what the last sync could not program as asked: frontends
-// claimed by more than one ServicePort (the first in name order keeps it),
-// schedulers the datapath does not have.
-func (d *Datapath) Problems() []string { return d.problems }
+// Problems lists what the datapath cannot program as asked, for every
+// ServicePort applied: frontends claimed by more than one ServicePort (the
+// first in name order keeps it), schedulers the datapath does not have,
+// full ID spaces.
+func (d *Datapath) Problems() []string {
+	var out []string
+	for _, ps := range d.problems {
+		out = append(out, ps...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (d *Datapath) problem(name model.ServicePortName, format string, args ...any) {
+	d.problems[name] = append(d.problems[name], fmt.Sprintf(format, args...))
+}
 
 // writeSet collects one sync's map operations in commit order.
 type writeSet struct {
@@ -186,6 +230,7 @@ type writeSet struct {
 	delBackends []uint32
 	freshSvcs   []uint32
 	freshBEs    []uint32
+	undo        []backendUndo // backend entries changed for the current frontend
 
 	tables     []tableWrite
 	delTables  []xbpf.SchedKey
@@ -201,37 +246,76 @@ type tableWrite struct {
 }
 
 // Sync makes the maps match st.
-func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
+func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	d.nodeAddrs = st.Node.Addresses
-	if err := d.syncNode(st); err != nil {
+	defer func() {
+		if err != nil {
+			// What the maps hold is no longer known exactly.
+			d.fullSync, d.appliedGen = true, 0
+		}
+	}()
+	if len(d.applied) > 0 && !slices.Equal(d.nodeAddrs, st.Node.Addresses) {
+		// Source-range entries admit the node's own addresses: replan
+		// everything (node addresses change rarely).
 		d.fullSync = true
+	}
+	d.nodeAddrs = slices.Clone(st.Node.Addresses)
+	if err := d.syncNode(st); err != nil {
 		return err
 	}
+
+	released := map[frontendKey]bool{}
 	var changed []model.ServicePortName
-	for name, sp := range st.Services {
-		if a, ok := d.applied[name]; d.fullSync || !ok || a.sp != sp {
-			changed = append(changed, name)
+	names, known := st.ChangedSince(d.appliedGen)
+	if d.fullSync || !known {
+		for name, sp := range st.Services {
+			if a, ok := d.applied[name]; d.fullSync || !ok || a.sp != sp || d.retry[name] {
+				changed = append(changed, name)
+			}
+		}
+		for name, a := range d.applied {
+			if sp, ok := st.Services[name]; ok && sp == a.sp && !d.fullSync && !d.retry[name] {
+				continue
+			}
+			d.release(name, a, released)
+		}
+	} else {
+		names = slices.Clone(names)
+		for name := range d.retry {
+			names = append(names, name)
+		}
+		seen := make(map[model.ServicePortName]bool, len(names))
+		for _, name := range names {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			sp, want := st.Services[name]
+			a, have := d.applied[name]
+			if have && want && a.sp == sp && !d.retry[name] {
+				continue
+			}
+			if have {
+				d.release(name, a, released)
+			}
+			if want {
+				changed = append(changed, name)
+			}
 		}
 	}
+	clear(d.retry)
 	// Name order makes frontend conflicts resolve the same way every time.
 	slices.SortFunc(changed, cmpName)
 
-	released := map[frontendKey]bool{}
-	for name, a := range d.applied {
-		if sp, ok := st.Services[name]; ok && sp == a.sp && !d.fullSync {
-			continue
-		}
-		d.release(name, a, released)
-	}
-
 	ws := &writeSet{}
-	d.problems = nil
 	for _, name := range changed {
 		if err := d.plan(name, st.Services[name], ws, released); err != nil {
-			return err
+			// A full ID space must not stop the other services: this one
+			// keeps what it could take and is tried again next sync.
+			d.problem(name, "%s: %v", name, err)
+			d.retry[name] = true
 		}
 	}
 	if d.fullSync {
@@ -248,10 +332,10 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		if err := d.sweepNodeState(ws); err != nil {
 			return err
 		}
-		// Give recovered backends a (zero) reference count, so that the
-		// sweep below deletes those nobody uses.
-		for bk := range d.backends {
-			d.backendRefs[bk] += 0
+		for bk, e := range d.backends {
+			if e.refs == 0 {
+				d.unreferenced[bk] = struct{}{}
+			}
 		}
 	}
 	for fk := range released {
@@ -260,26 +344,22 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		}
 		d.dropFrontend(fk, ws)
 	}
-	for bk, n := range d.backendRefs {
-		if n > 0 {
-			continue
+	for bk := range d.unreferenced {
+		if e, ok := d.backends[bk]; ok && e.refs == 0 {
+			ws.delBackends = append(ws.delBackends, e.id)
+			d.backendIDs.free(e.id)
+			delete(d.backends, bk)
 		}
-		delete(d.backendRefs, bk)
-		if id, ok := d.backendIDs.lookup(bk); ok {
-			ws.delBackends = append(ws.delBackends, id)
-			d.backendIDs.release(bk)
-		}
-		delete(d.backends, bk)
 	}
+	clear(d.unreferenced)
 	if err := d.commit(ws); err != nil {
-		d.fullSync = true
 		return err
 	}
 	if err := d.syncClusterIPs(); err != nil {
-		d.fullSync = true
 		return err
 	}
 	d.fullSync = false
+	d.appliedGen = st.Generation
 	clear(d.recovered)
 	return nil
 }
@@ -287,22 +367,61 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 // release forgets what a ServicePort applied: its frontends become
 // candidates for deletion, its backend references drop.
 func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[frontendKey]bool) {
-	for _, fk := range a.frontends {
+	for _, f := range a.frontends {
+		fk := keyOf(f)
 		if d.owners[fk] == name {
 			delete(d.owners, fk)
 			released[fk] = true
 		}
+		sets, scopes := frontendSets(a.sp, f)
+		for scope := range scopes {
+			for _, ep := range sets[scope] {
+				bk, ok := backendOf(fk, ep)
+				if !ok {
+					continue
+				}
+				e := d.backends[bk]
+				e.refs--
+				d.backends[bk] = e
+				if e.refs == 0 {
+					d.unreferenced[bk] = struct{}{}
+				}
+			}
+		}
+		if f.Kind == model.ClusterIP {
+			d.node.clusterIPs[fk.addr]--
+			d.node.dirtyIPs[fk.addr] = true
+		}
 	}
-	for _, bk := range a.backends {
-		d.backendRefs[bk]--
-	}
-	for _, ip := range a.clusterIPs {
-		d.node.clusterIPs[ip]--
-	}
+	delete(d.problems, name)
 	delete(d.applied, name)
 }
 
-// plan computes the entries of one ServicePort.
+// frontendSets returns the endpoint sets a frontend balances to, by scope
+// (0: traffic subject to the policy, 1: the pod and host short-circuit of
+// eTP=Local), and how many scopes it has.
+func frontendSets(sp *model.ServicePort, f model.Frontend) (sets [2][]model.Endpoint, scopes int) {
+	sets[0] = sp.EndpointsFor(f.Kind)
+	if f.Kind.External() && sp.ExternalLocal {
+		sets[1] = sp.ClusterEndpoints
+		return sets, 2
+	}
+	return sets, 1
+}
+
+// backendOf is the backend an endpoint of frontend fk is; false when the
+// endpoint is of the other family (a frontend only balances to its own).
+func backendOf(fk frontendKey, ep model.Endpoint) (backendKey, bool) {
+	a := ep.Addr.Unmap()
+	if a.Is4() != fk.addr.Is4() {
+		return backendKey{}, false
+	}
+	return newBackendKey(a, ep.Port, fk.proto), true
+}
+
+// plan computes the entries of one ServicePort. It takes a frontend only
+// once every ID it needs is allocated, so that release can recompute what
+// it took from sp and the frontends it owns.
 func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
 	a := &appliedService{sp: sp}
 	d.applied[name] = a
@@ -312,24 +431,39 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 	sched, err := SchedulerByName(sp.Scheduler)
 	if err != nil {
 		// One bad annotation must not stop the other services.
-		d.problems = append(d.problems, fmt.Sprintf("%s: %v; using random", name, err))
+		d.problem(name, "%s: %v; using random", name, err)
 	}
 	groupID, err := d.groupID(name, sp)
 	if err != nil {
-		return fmt.Errorf("service %s: group id: %w", name, err)
+		return fmt.Errorf("group id: %w", err)
 	}
+	var ids [2][]uint32
 	for _, f := range sp.Frontends {
 		fk := keyOf(f)
 		if owner, ok := d.owners[fk]; ok && owner != name {
-			d.problems = append(d.problems, fmt.Sprintf("%s %s is already served by %s", name, f, owner))
+			d.problem(name, "%s %s is already served by %s", name, f, owner)
 			continue
 		}
-		if slices.Contains(a.frontends, fk) {
+		if slices.ContainsFunc(a.frontends, func(o model.Frontend) bool { return keyOf(o) == fk }) {
 			continue // the same address listed twice
+		}
+		sets, scopes := frontendSets(sp, f)
+		ws.undo = ws.undo[:0] // only this frontend's writes can be undone
+		mark := ws.mark()
+		for scope := range scopes {
+			if len(sets[scope]) > 0xffff-1 {
+				err = fmt.Errorf("%s: %d endpoints exceed the slot limit", f, len(sets[scope]))
+			} else {
+				ids[scope], err = d.backendIDsFor(fk, sets[scope], ids[scope][:0], ws)
+			}
+			if err != nil {
+				d.undoBackends(ws, mark)
+				return err
+			}
 		}
 		svcID, fresh, err := d.svcIDs.get(fk)
 		if err != nil {
-			return fmt.Errorf("service %s: service id: %w", name, err)
+			return fmt.Errorf("service id: %w", err)
 		}
 		if fresh {
 			ws.freshSvcs = append(ws.freshSvcs, svcID)
@@ -337,17 +471,17 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		if f.Proto == model.SCTP {
 			for _, ep := range sp.EndpointsForFrontend(f) {
 				if ep.Port != f.Port {
-					d.problems = append(d.problems, fmt.Sprintf("%s %s: SCTP port translation (to %s) is not supported by the ebpf datapath (its CRC32c covers the ports): such packets are dropped; use targetPort = port, or ipvs mode", name, f, ep))
+					d.problem(name, "%s %s: SCTP port translation (to %s) is not supported by the ebpf datapath (its CRC32c covers the ports): such packets are dropped; use targetPort = port, or ipvs mode", name, f, ep)
 					break
 				}
 			}
 		}
 		d.owners[fk] = name
 		delete(released, fk)
-		a.frontends = append(a.frontends, fk)
+		a.frontends = append(a.frontends, f)
 		if f.Kind == model.ClusterIP {
-			a.clusterIPs = append(a.clusterIPs, fk.addr)
 			d.node.clusterIPs[fk.addr]++
+			d.node.dirtyIPs[fk.addr] = true
 		}
 
 		head := xbpf.SvcValue{
@@ -369,27 +503,23 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		if (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal) {
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
 		}
-		sets := [2][]model.Endpoint{sp.EndpointsFor(f.Kind)}
-		if f.Kind.External() && sp.ExternalLocal {
+		if scopes == 2 {
 			// Pods and the host short-circuit to the cluster set.
-			sets[1] = sp.ClusterEndpoints
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT)
 		}
 		var written slotCounts
-		for scope, eps := range sets {
-			if scope == int(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) && head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT) == 0 {
-				continue
-			}
-			set, err := d.planSlots(fk, uint8(scope), eps, svcID, a, ws)
-			if err != nil {
-				return fmt.Errorf("service %s: %w", name, err)
-			}
+		for scope := range scopes {
+			set := d.planSlots(fk, uint8(scope), sets[scope], ids[scope], svcID, ws)
 			n := uint16(len(set))
 			h := head
 			h.Count = n
 			sk := xbpf.SchedKey{SvcId: svcID, Scope: uint8(scope)}
 			if h.TableSize, err = d.planTable(sk, sched, set, ws); err != nil {
-				return fmt.Errorf("service %s: %w", name, err)
+				// Slots and references are taken: keep the frontend,
+				// balancing at random until the retry builds the table.
+				d.problem(name, "%s %s: %v", name, f, err)
+				d.retry[name] = true
+				h.Sched = uint8(xbpf.XvsXvsSchedXVS_SCHED_RANDOM)
 			}
 			d.planMembers(sk, sp.Affinity.ClientIP, set, ws)
 			ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
@@ -402,31 +532,44 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 	return nil
 }
 
-// planSlots queues slots 1..N of one (frontend, scope) and returns the
-// backends in slot order.
-func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, svcID uint32, a *appliedService, ws *writeSet) ([]tableBackend, error) {
-	if len(eps) > 0xffff-1 {
-		return nil, fmt.Errorf("%d endpoints exceed the slot limit", len(eps))
-	}
-	var set []tableBackend
-	var n uint16
+// backendIDsFor returns the IDs of a set's backends of fk's family, in
+// slot order, allocating and queueing the writes of new or changed ones.
+// It takes no reference: a backend allocated here and then not used is
+// deleted at the end of the sync.
+func (d *Datapath) backendIDsFor(fk frontendKey, eps []model.Endpoint, ids []uint32, ws *writeSet) ([]uint32, error) {
 	for _, ep := range eps {
-		if ep.Addr.Unmap().Is4() != fk.addr.Is4() {
-			continue // a frontend only balances to its own family
+		bk, ok := backendOf(fk, ep)
+		if !ok {
+			continue
 		}
-		bk := backendKey{addr: ep.Addr.Unmap(), port: ep.Port, proto: fk.proto}
 		id, err := d.backend(bk, ep, ws)
 		if err != nil {
 			return nil, err
 		}
-		a.backends = append(a.backends, bk)
-		d.backendRefs[bk]++
-		n++
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// planSlots queues slots 1..N of one (frontend, scope), takes a reference
+// on each backend, and returns the backends in slot order.
+func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, ids []uint32, svcID uint32, ws *writeSet) []tableBackend {
+	set := make([]tableBackend, 0, len(ids))
+	for _, ep := range eps {
+		bk, ok := backendOf(fk, ep)
+		if !ok {
+			continue
+		}
+		e := d.backends[bk]
+		e.refs++
+		d.backends[bk] = e
+		id := ids[len(set)]
+		n := uint16(len(set) + 1)
 		ws.slotKeys = append(ws.slotKeys, fk.svcKey(scope, n))
 		ws.slotVals = append(ws.slotVals, xbpf.SvcValue{BackendId: id, SvcId: svcID})
-		set = append(set, tableBackend{id: id, weight: max(ep.Weight, 1), name: bk.String()})
+		set = append(set, tableBackend{id: id, weight: max(ep.Weight, 1), key: bk})
 	}
-	return set, nil
+	return set
 }
 
 // planTable queues the scheduler table of one (frontend, scope) when its
@@ -440,6 +583,11 @@ func (d *Datapath) planTable(sk xbpf.SchedKey, sched xbpf.Sched, set []tableBack
 			ws.delTables = append(ws.delTables, sk)
 		}
 		return 0, nil
+	}
+	for i := range set {
+		if set[i].name == "" {
+			set[i].name = set[i].key.String()
+		}
 	}
 	want := tableState{sched: sched, backends: tableFingerprint(set)}
 	if exists && have.sched == want.sched && have.backends == want.backends {
@@ -535,27 +683,69 @@ func (d *Datapath) dropSchedState(sk xbpf.SchedKey, ws *writeSet) {
 	d.planMembers(sk, false, nil, ws)
 }
 
-// backend returns bk's ID, queueing a write when the backend is new or its
-// attributes changed.
+// wsMark is where a writeSet's backend writes stood, to undo a frontend
+// whose backends did not all get an ID.
+type wsMark struct{ backends, fresh, undo int }
+
+func (ws *writeSet) mark() wsMark {
+	return wsMark{len(ws.backendKeys), len(ws.freshBEs), len(ws.undo)}
+}
+
+// backendUndo is a backend entry as it was before this sync changed it.
+type backendUndo struct {
+	key     backendKey
+	entry   backendEntry
+	existed bool
+}
+
+// undoBackends takes back the backend writes and allocations made since
+// mark: the IDs go back to the free space at once, so that the next
+// services of this sync can have them (they were never written).
+func (d *Datapath) undoBackends(ws *writeSet, m wsMark) {
+	for i := len(ws.undo) - 1; i >= m.undo; i-- {
+		u := ws.undo[i]
+		if u.existed {
+			d.backends[u.key] = u.entry
+			continue
+		}
+		d.backendIDs.free(d.backends[u.key].id)
+		delete(d.backends, u.key)
+		delete(d.unreferenced, u.key)
+	}
+	ws.undo = ws.undo[:m.undo]
+	ws.backendKeys, ws.backendVals = ws.backendKeys[:m.backends], ws.backendVals[:m.backends]
+	ws.freshBEs = ws.freshBEs[:m.fresh]
+}
+
+// backend returns bk's ID, allocating one for a new backend and queueing
+// a write when the backend is new or its attributes changed.
 func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
-	id, fresh, err := d.backendIDs.get(bk)
-	if err != nil {
-		return 0, fmt.Errorf("backend %s: %w", bk, err)
-	}
-	if fresh {
+	e, ok := d.backends[bk]
+	if !ok {
+		id, err := d.backendIDs.alloc()
+		if err != nil {
+			return 0, fmt.Errorf("backend %s: %w", bk, err)
+		}
 		ws.freshBEs = append(ws.freshBEs, id)
+		e = backendEntry{id: id}
+		d.unreferenced[bk] = struct{}{} // until a slot takes it
 	}
-	addr, fam := encodeAddr(bk.addr)
-	want := xbpf.Backend{Addr: addr, Port: htons(bk.port), Family: fam, Proto: uint8(bk.proto), Weight: max(ep.Weight, 1)}
+	var flags uint8
 	if ep.Local {
-		want.Flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL)
+		flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL)
 	}
-	if have, ok := d.backends[bk]; !ok || have != want {
-		d.backends[bk] = want
-		ws.backendKeys = append(ws.backendKeys, id)
-		ws.backendVals = append(ws.backendVals, want)
+	weight := max(ep.Weight, 1)
+	if !ok || e.weight != weight || e.flags != flags {
+		ws.undo = append(ws.undo, backendUndo{key: bk, entry: d.backends[bk], existed: ok})
+		e.weight, e.flags = weight, flags
+		d.backends[bk] = e
+		addr, fam := encodeAddr(bk.Addr())
+		ws.backendKeys = append(ws.backendKeys, e.id)
+		ws.backendVals = append(ws.backendVals, xbpf.Backend{
+			Addr: addr, Port: htons(bk.port), Family: fam, Proto: uint8(bk.proto), Weight: weight, Flags: flags,
+		})
 	}
-	return id, nil
+	return e.id, nil
 }
 
 // groupID keeps a ServicePort's affinity group stable, taking it over from
@@ -566,7 +756,7 @@ func (d *Datapath) groupID(name model.ServicePortName, sp *model.ServicePort) (u
 	}
 	for _, f := range sp.Frontends {
 		if gid, ok := d.recovered[keyOf(f)]; ok && gid != 0 {
-			if _, taken := d.groupIDs.used[gid]; !taken {
+			if !d.groupIDs.isTaken(gid) {
 				d.groupIDs.restore(name, gid)
 				return gid, nil
 			}

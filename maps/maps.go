@@ -159,12 +159,21 @@ func frontendOf(k xbpf.SvcKey) frontendKey {
 // backendKey identifies a backend: the same pod address, port and protocol
 // is one backend whichever Services use it (as an IPVS real server is one
 // address:port of one protocol).
+// It holds no pointer (netip.Addr does), so that a map of a million of
+// them costs the garbage collector nothing to scan.
 type backendKey struct {
-	addr  netip.Addr
+	addr  [16]byte // netip.Addr.As16 of the unmapped address
 	port  uint16
 	proto model.Protocol
 }
 
+func newBackendKey(a netip.Addr, port uint16, proto model.Protocol) backendKey {
+	return backendKey{addr: a.As16(), port: port, proto: proto}
+}
+
+// Addr is the backend's address, IPv4 for IPv4-mapped keys.
+func (k backendKey) Addr() netip.Addr { return netip.AddrFrom16(k.addr).Unmap() }
+
 func (k backendKey) String() string {
-	return k.proto.String() + " " + netip.AddrPortFrom(k.addr, k.port).String()
+	return k.proto.String() + " " + netip.AddrPortFrom(k.Addr(), k.port).String()
 }

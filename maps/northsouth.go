@@ -33,12 +33,16 @@ type nodeState struct {
 	// clusterIPs counts the ServicePorts of each ClusterIP.
 	clusterIPs map[netip.Addr]int
 	writtenIPs map[netip.Addr]bool
+	// dirtyIPs are the ClusterIPs whose count changed since the last
+	// write: only those are looked at.
+	dirtyIPs map[netip.Addr]bool
 }
 
 func newNodeState() nodeState {
 	return nodeState{
 		podCIDRs: map[xbpf.LPMKey]bool{}, serviceCIDRs: map[xbpf.LPMKey]bool{},
 		ranges: map[uint32]map[xbpf.LPMKey]bool{}, clusterIPs: map[netip.Addr]int{}, writtenIPs: map[netip.Addr]bool{},
+		dirtyIPs: map[netip.Addr]bool{},
 	}
 }
 
@@ -198,20 +202,21 @@ func (d *Datapath) syncClusterIPs() error {
 	one := uint32(1)
 	var add, del []xbpf.VIPKey
 	var addVals []uint32
-	for a, n := range d.node.clusterIPs {
-		if n > 0 && !d.node.writtenIPs[a] {
+	for a := range d.node.dirtyIPs {
+		switch n := d.node.clusterIPs[a]; {
+		case n > 0 && !d.node.writtenIPs[a]:
 			add = append(add, vipKey(a))
 			addVals = append(addVals, one)
 			d.node.writtenIPs[a] = true
-		}
-	}
-	for a := range d.node.writtenIPs {
-		if d.node.clusterIPs[a] <= 0 {
-			del = append(del, vipKey(a))
+		case n <= 0:
+			if d.node.writtenIPs[a] {
+				del = append(del, vipKey(a))
+			}
 			delete(d.node.writtenIPs, a)
 			delete(d.node.clusterIPs, a)
 		}
 	}
+	clear(d.node.dirtyIPs)
 	if err := updateMany(d.m.ClusterIPs, add, addVals); err != nil {
 		return err
 	}
@@ -230,6 +235,12 @@ func (d *Datapath) sweepNodeState(ws *writeSet) error {
 	var v uint32
 	it := d.m.ClusterIPs.Iterate()
 	var stale []xbpf.VIPKey
+	// What the map holds is what counts: rewrite every ClusterIP that is
+	// wanted and missing.
+	clear(d.node.writtenIPs)
+	for a := range d.node.clusterIPs {
+		d.node.dirtyIPs[a] = true
+	}
 	for it.Next(&vk, &v) {
 		a := decodeAddr(vk.Addr, vk.Family)
 		if d.node.clusterIPs[a] <= 0 {

@@ -22,7 +22,9 @@ type tableBackend struct {
 	weight uint16
 	// name is stable across agents and restarts (the backend's
 	// address:port), so that every node builds the same Maglev table.
+	// The datapath fills it from key only for services that have a table.
 	name string
+	key  backendKey
 }
 
 // ValidMaglevSize checks that m is a usable Maglev table size: a prime

@@ -260,6 +260,37 @@ type State struct {
 	PodCIDRs []netip.Prefix
 	// MasqueradeAll is masqueradeAll.
 	MasqueradeAll bool
+
+	// Generation numbers the States one producer hands out (0: not
+	// numbered, as for a State built by hand).
+	Generation uint64
+	// Delta, when set, names every ServicePort that was added, replaced
+	// or removed since the State numbered Delta.Since, so that a Datapath
+	// which applied that State can apply this one in O(changed) instead of
+	// comparing every ServicePort. Node-wide fields are not covered: a
+	// Datapath compares those itself.
+	Delta *Delta
+}
+
+// Delta is the difference between two numbered States of one producer.
+type Delta struct {
+	Since uint64
+	Names []ServicePortName
+}
+
+// ChangedSince returns the names of the ServicePorts that may differ from
+// the State numbered gen, and whether the State can say so: false means
+// the caller must compare every ServicePort.
+func (st *State) ChangedSince(gen uint64) ([]ServicePortName, bool) {
+	switch {
+	case st.Generation == 0 || gen == 0:
+		return nil, false
+	case st.Generation == gen:
+		return nil, true
+	case st.Delta != nil && st.Delta.Since == gen:
+		return st.Delta.Names, true
+	}
+	return nil, false
 }
 
 // Datapath realises a State. Implementations: the BPF maps (maps.Datapath)
