@@ -49,7 +49,10 @@ type Tracker struct {
 	env         *env
 	envProblems []Problem
 	built       map[types.NamespacedName]builtService
-	state       *model.State
+	// faulty names the built Services that have problems, so that
+	// listing them does not walk every Service.
+	faulty map[types.NamespacedName]bool
+	state  *model.State
 }
 
 // builtService caches one Service's translation between Builds.
@@ -95,6 +98,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		orphans:  make(map[types.NamespacedName]Problem),
 		dirty:    make(map[types.NamespacedName]bool),
 		built:    make(map[types.NamespacedName]builtService),
+		faulty:   make(map[types.NamespacedName]bool),
 		full:     true,
 	}, nil
 }
@@ -328,6 +332,7 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 	svc := t.services[k]
 	if svc == nil {
 		delete(t.built, k)
+		delete(t.faulty, k)
 		for _, sp := range old {
 			changed = append(changed, sp.Name)
 		}
@@ -350,6 +355,11 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 		changed = append(changed, name)
 	}
 	t.built[k] = builtService{ports: ports, problems: probs}
+	if len(probs) > 0 {
+		t.faulty[k] = true
+	} else {
+		delete(t.faulty, k)
+	}
 	return changed
 }
 
@@ -358,8 +368,8 @@ func (t *Tracker) problems() []Problem {
 	for _, p := range t.orphans {
 		out = append(out, p)
 	}
-	for _, b := range t.built {
-		out = append(out, b.problems...)
+	for k := range t.faulty {
+		out = append(out, t.built[k].problems...)
 	}
 	sortProblems(out)
 	return out

@@ -51,6 +51,7 @@ type syncer struct {
 	lastRewrite time.Time
 	reported    map[controller.Problem]bool
 	dpProbs     map[string]bool
+	summary     stateSummary
 }
 
 // healthServers is what the syncer needs of healthcheck.ServiceHealth.
@@ -174,6 +175,7 @@ func (s *syncer) sync(ctx context.Context) error {
 		s.lastFull = end
 	}
 	took := end.Sub(start)
+	s.summary.update(b.State)
 	fams := s.families(b.State)
 	s.metrics.ObserveSync(fams, b.Full, took, end)
 	for _, t := range triggers {
@@ -189,7 +191,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	s.health.Updated()
 	s.metrics.ServicePorts.Set(float64(len(b.State.Services)))
 	s.recordNoLocal(b.State)
-	s.svcHealth.Sync(healthCheckServices(b.State), s.healthCheckAddrs(b.State))
+	s.svcHealth.Sync(s.summary.healthCheckServices(), s.healthCheckAddrs(b.State))
 	if b.Changed || b.Full {
 		s.log.Debug("Synced", "servicePorts", len(b.State.Services), "full", b.Full, "took", took)
 	}
@@ -214,9 +216,14 @@ func (s *syncer) families(st *model.State) []string {
 		for _, a := range st.Node.Addresses {
 			mark(a)
 		}
-		for _, sp := range st.Services {
-			for _, f := range sp.Frontends {
-				mark(f.Addr)
+		if s.summary.last == st {
+			has[0] = has[0] || s.summary.frontends[0] > 0
+			has[1] = has[1] || s.summary.frontends[1] > 0
+		} else {
+			for _, sp := range st.Services {
+				for _, f := range sp.Frontends {
+					mark(f.Addr)
+				}
 			}
 		}
 	}
@@ -230,59 +237,14 @@ func (s *syncer) families(st *model.State) []string {
 	return out
 }
 
-// recordNoLocal sets kubeproxy_sync_proxy_rules_no_local_endpoints_total:
-// ports with a Local policy whose endpoints are all on other nodes.
+// recordNoLocal sets kubeproxy_sync_proxy_rules_no_local_endpoints_total
+// from the summary of st.
 func (s *syncer) recordNoLocal(st *model.State) {
-	counts := map[[2]string]int{}
 	for _, pol := range []string{"internal", "external"} {
 		for _, f := range s.families(st) {
-			counts[[2]string{pol, f}] = 0
+			s.metrics.NoLocalEndpointsTotal.WithLabelValues(pol, f).Set(float64(s.summary.noLocal[[2]string{pol, f}]))
 		}
 	}
-	for _, sp := range st.Services {
-		if len(sp.LocalEndpoints) > 0 {
-			continue
-		}
-		for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
-			if !sp.HasEndpointsFamily[i] && !(sp.HasEndpointsFamily == [2]bool{} && sp.HasEndpoints && i == 0) {
-				continue
-			}
-			if sp.InternalLocal {
-				counts[[2]string{"internal", fam}]++
-			}
-			if sp.ExternalLocal {
-				counts[[2]string{"external", fam}]++
-			}
-		}
-	}
-	for k, n := range counts {
-		s.metrics.NoLocalEndpointsTotal.WithLabelValues(k[0], k[1]).Set(float64(n))
-	}
-}
-
-// healthCheckServices picks the eTP=Local Services with a
-// healthCheckNodePort and counts their local Ready endpoints by IP over
-// all ports (kube-proxy's LocalReadyEndpoints: 10.0.0.1:80 and
-// 10.0.0.1:443 are one endpoint). Terminating endpoints never count.
-func healthCheckServices(st *model.State) map[types.NamespacedName]healthcheck.Service {
-	out := map[types.NamespacedName]healthcheck.Service{}
-	ips := map[types.NamespacedName]map[netip.Addr]bool{}
-	for _, sp := range st.Services {
-		if !sp.ExternalLocal || sp.HealthCheckNodePort == 0 {
-			continue
-		}
-		k := types.NamespacedName{Namespace: sp.Name.Namespace, Name: sp.Name.Name}
-		if ips[k] == nil {
-			ips[k] = map[netip.Addr]bool{}
-		}
-		for _, e := range sp.LocalEndpoints {
-			if e.Ready {
-				ips[k][e.Addr] = true
-			}
-		}
-		out[k] = healthcheck.Service{Port: sp.HealthCheckNodePort, LocalEndpoints: len(ips[k])}
-	}
-	return out
 }
 
 // healthCheckAddrs: the health check servers listen on every address when
