@@ -118,8 +118,10 @@ func (s *InformerSource) Start(ctx context.Context, onEvent func(Event)) error {
 	s.mu.Unlock()
 
 	proxied := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
+		informers.WithTransform(TrimObject),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
 	ownNode := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod,
+		informers.WithTransform(TrimObject),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
 		}))
@@ -326,4 +328,50 @@ func triggerTime(es *discoveryv1.EndpointSlice) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// TrimObject is the informers' transform: before an object enters the
+// cache it drops what the proxy never reads, so that the cache of a large
+// cluster costs a fraction of the objects' size. Gone are managedFields
+// (often larger than the object itself), every annotation but xvs's own
+// and the EndpointSlice trigger time (kubectl's last-applied-configuration
+// copies the whole object), per endpoint the hostname, the deprecated
+// topology and all of targetRef but its kind and name (weights may name
+// pods), and the Node's status beyond its addresses. It changes the
+// object in place, as client-go allows, and passes anything else through.
+func TrimObject(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *v1.Service:
+		o.ManagedFields = nil
+		o.Annotations = keepAnnotations(o.Annotations, AnnotationScheduler, AnnotationWeights)
+		o.Status.Conditions = nil
+	case *discoveryv1.EndpointSlice:
+		o.ManagedFields = nil
+		o.Annotations = keepAnnotations(o.Annotations, v1.EndpointsLastChangeTriggerTime)
+		for i := range o.Endpoints {
+			e := &o.Endpoints[i]
+			e.Hostname, e.DeprecatedTopology = nil, nil
+			if e.TargetRef != nil {
+				e.TargetRef = &v1.ObjectReference{Kind: e.TargetRef.Kind, Name: e.TargetRef.Name}
+			}
+		}
+	case *v1.Node:
+		o.ManagedFields = nil
+		o.Annotations = nil
+		o.Status = v1.NodeStatus{Addresses: o.Status.Addresses}
+	}
+	return obj, nil
+}
+
+func keepAnnotations(a map[string]string, keys ...string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v, ok := a[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keys))
+			}
+			out[k] = v
+		}
+	}
+	return out
 }

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/xvs-lb/xvs/model"
@@ -376,5 +378,59 @@ func TestWeightsAnnotation(t *testing.T) {
 	}
 	if len(probs) != 2 || !strings.Contains(probs[0].Reason+probs[1].Reason, `"bogus"`) {
 		t.Fatalf("problems: %v", probs)
+	}
+}
+
+// TestTrimObject: the informers' transform keeps everything the
+// translation reads (the same State and problems from trimmed objects)
+// and drops the bulk the proxy never reads.
+func TestTrimObject(t *testing.T) {
+	big := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
+	svc := newSvc("a", nodePort(30080), etpLocal, svcLabel("app", "a"))
+	svc.ManagedFields = big
+	svc.Annotations = map[string]string{
+		"kubectl.kubernetes.io/last-applied-configuration": `{"a very":"long copy"}`,
+		AnnotationScheduler: "rr",
+	}
+	ep := newEP("10.0.0.1", local)
+	ep.Hostname = ptr("pod-a")
+	ep.TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "pod-a", UID: "u", ResourceVersion: "9"}
+	sl := v4Slice("a", ep, remoteReady)
+	sl.ManagedFields = big
+	sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-11-30T14:00:00Z", "other": "x"}
+	node := testNodeObj(zoneLabels("zone-a"), "192.168.1.10")
+	node.ManagedFields = big
+	node.Spec.Taints = []v1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Effect: v1.TaintEffectNoSchedule}}
+	node.Status.Images = []v1.ContainerImage{{Names: []string{"registry.example/some/image:tag"}}}
+
+	cfg := testConfig()
+	want, wantProbs := Translate(cfg, []*v1.Service{svc}, []*discoveryv1.EndpointSlice{sl}, node)
+	trim := func(o any) any {
+		t.Helper()
+		out, err := TrimObject(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	tsvc := trim(svc.DeepCopy()).(*v1.Service)
+	tsl := trim(sl.DeepCopy()).(*discoveryv1.EndpointSlice)
+	tnode := trim(node.DeepCopy()).(*v1.Node)
+	got, gotProbs := Translate(cfg, []*v1.Service{tsvc}, []*discoveryv1.EndpointSlice{tsl}, tnode)
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProbs, wantProbs) {
+		t.Errorf("trimmed objects translate differently:\n%+v\n%+v", got, want)
+	}
+	if tsvc.ManagedFields != nil || len(tsvc.Annotations) != 1 || tsvc.Annotations[AnnotationScheduler] != "rr" {
+		t.Errorf("service keeps managedFields %v, annotations %v", tsvc.ManagedFields, tsvc.Annotations)
+	}
+	if tsl.ManagedFields != nil || len(tsl.Annotations) != 1 || tsl.Endpoints[0].Hostname != nil ||
+		tsl.Endpoints[0].TargetRef.Name != "pod-a" || tsl.Endpoints[0].TargetRef.UID != "" {
+		t.Errorf("slice keeps %v %v %+v", tsl.ManagedFields, tsl.Annotations, tsl.Endpoints[0])
+	}
+	if tnode.Status.Images != nil || len(tnode.Spec.Taints) != 1 || len(tnode.Status.Addresses) == 0 {
+		t.Errorf("node keeps images %v, taints %v, addresses %v", tnode.Status.Images, tnode.Spec.Taints, tnode.Status.Addresses)
+	}
+	if o, err := TrimObject("a tombstone"); err != nil || o != "a tombstone" {
+		t.Errorf("other objects: %v %v", o, err)
 	}
 }
