@@ -317,6 +317,13 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			d.problem(name, "%s: %v", name, err)
 			d.retry[name] = true
 		}
+		if len(ws.slotKeys) >= flushSlots {
+			// Write what is planned so far (whole ServicePorts, in commit
+			// order), so that a full sync never holds every entry twice.
+			if err := d.commitWrites(ws); err != nil {
+				return err
+			}
+		}
 	}
 	if d.fullSync {
 		// Anything the maps hold that nobody wants is stale (a service
@@ -804,7 +811,21 @@ func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
 	d.svcIDs.release(fk)
 }
 
+// flushSlots is how many planned slots a sync holds before writing them
+// (a variable for tests).
+var flushSlots = 64 << 10
+
+// commit writes a sync's entries, then deletes what it removes.
 func (d *Datapath) commit(ws *writeSet) error {
+	if err := d.commitWrites(ws); err != nil {
+		return err
+	}
+	return d.commitDeletes(ws)
+}
+
+// commitWrites writes the entries planned so far in commit order and
+// forgets them; the deletes wait for commitDeletes, after every write.
+func (d *Datapath) commitWrites(ws *writeSet) error {
 	if err := d.resetStats(d.m.SvcStats, ws.freshSvcs); err != nil {
 		return err
 	}
@@ -836,6 +857,18 @@ func (d *Datapath) commit(ws *writeSet) error {
 	if err := updateMany(d.m.Services, ws.headKeys, ws.headVals); err != nil {
 		return err
 	}
+	ws.freshSvcs, ws.freshBEs = ws.freshSvcs[:0], ws.freshBEs[:0]
+	ws.backendKeys, ws.backendVals = ws.backendKeys[:0], ws.backendVals[:0]
+	ws.slotKeys, ws.slotVals = ws.slotKeys[:0], ws.slotVals[:0]
+	ws.addMembers, ws.tables, ws.addRanges = ws.addMembers[:0], ws.tables[:0], ws.addRanges[:0]
+	ws.headKeys, ws.headVals = ws.headKeys[:0], ws.headVals[:0]
+	return nil
+}
+
+// commitDeletes removes entries after every write: slots beyond their
+// head's new count, then removed frontends (heads first), members,
+// tables, ranges and backends.
+func (d *Datapath) commitDeletes(ws *writeSet) error {
 	if err := deleteMany(d.m.Services, ws.delSlots); err != nil {
 		return err
 	}

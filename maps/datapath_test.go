@@ -198,6 +198,16 @@ func numbered(gen uint64, st *model.State, changed ...string) *model.State {
 // unused backends and ClusterIPs; a State whose delta does not start at
 // the one applied falls back to comparing every service.
 func TestPrivDatapathDelta(t *testing.T) {
+	for _, flush := range []int{flushSlots, 1} {
+		t.Run(fmt.Sprintf("flush every %d slots", flush), func(t *testing.T) {
+			defer func(was int) { flushSlots = was }(flushSlots)
+			flushSlots = flush
+			testDatapathDelta(t)
+		})
+	}
+}
+
+func testDatapathDelta(t *testing.T) {
 	objs, cfg := loadForTest(t)
 	defer objs.Close()
 	m := FromObjects(objs)
