@@ -72,6 +72,15 @@ func inNS(ns *NS, f func() error) error {
 // dialer binds src (when valid) with IP_FREEBIND, so a source can be used
 // before, or without, being configured, and sets IP_RECVERR so a connected
 // UDP socket reports every ICMP unreachable, not only the "hard" ones.
+//
+// A TCP socket over IPv6 gets IPV6_RECVERR for its connect too. When the
+// unreachable answering a SYN arrives while connect() still holds the socket
+// (a local namespace answers within the same softirq), Linux keeps it as a
+// soft error; tcp_v4_err queues it on the error queue whatever IP_RECVERR
+// says, which wakes the connect, but ipv6_icmp_error queues it only with
+// IPV6_RECVERR, so without it an IPv6 connect waits for the SYN retransmit
+// (1 s) and a REJECT looks like a DROP. dialIn clears it once connected, so
+// established IPv6 connections treat ICMP errors as IPv4 ones do.
 func dialer(src netip.Addr, p Proto, timeout time.Duration) *net.Dialer {
 	d := &net.Dialer{Timeout: timeout}
 	if src.IsValid() {
@@ -90,7 +99,7 @@ func dialer(src netip.Addr, p Proto, timeout time.Duration) *net.Dialer {
 				lvl, free, recverr = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, unix.IPV6_RECVERR
 			}
 			serr = unix.SetsockoptInt(int(fd), lvl, free, 1)
-			if serr == nil && p == UDP {
+			if serr == nil && (p == UDP || lvl == unix.IPPROTO_IPV6) {
 				serr = unix.SetsockoptInt(int(fd), lvl, recverr, 1)
 			}
 		})
@@ -133,6 +142,11 @@ func dialIn(ns *NS, src netip.Addr, p Proto, dst netip.AddrPort, timeout time.Du
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dial %s %s->%s: %w", p, src, dst, err)
+	}
+	if tc, ok := c.(*net.TCPConn); ok && dst.Addr().Unmap().Is6() {
+		if rc, err := tc.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 0) })
+		}
 	}
 	return c, nil
 }
