@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report conformance-vm conformance-vm-ebpf
+.PHONY: help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -45,6 +45,7 @@ test: deps generate-check lint apiserver
 	$(MAKE) vmtest KERNEL=6.1
 	$(MAKE) vmtest KERNEL=6.12
 	$(MAKE) conformance-vm-ebpf KERNEL=6.1
+	$(MAKE) conformance-vm-ipvs KERNEL=6.12
 
 KERNEL ?= 6.12
 vmtest:
@@ -80,6 +81,11 @@ conformance-vm: build
 # sctp module, so the SCTP scenario runs too); about 7 min.
 conformance-vm-ebpf: build
 	./hack/vm/vm.sh run $(KERNEL) --timeout 1500 -- './$(BIN) conformance run $(CORPUS) --mode ebpf --json bin/conformance-ebpf-vm$(KERNEL).json'
+
+# The whole corpus in ipvs mode inside the VM (6.12: kernel IPVS, nftables,
+# the sctp module); about 7 min.
+conformance-vm-ipvs: build
+	./hack/vm/vm.sh run $(KERNEL) --timeout 1500 -- './$(BIN) conformance run $(CORPUS) --mode ipvs --json bin/conformance-ipvs-vm$(KERNEL).json'
 
 conformance-report: build
 	./$(BIN) conformance report -o docs/CONFORMANCE.md $(wildcard bin/conformance-*.json)
