@@ -89,18 +89,21 @@ func TestTrackerReusesUnchangedPorts(t *testing.T) {
 	if again := tr.Build(); again.Changed || again.State != first.State {
 		t.Fatalf("idle build changed the State")
 	}
+	// A State's map is valid until the next Build: keep the pointers.
+	a1, b1 := portOf(first.State, "a"), portOf(first.State, "b")
 
 	tr.OnEndpointSliceUpdate(nil, v4Slice("a", newEP("10.0.0.1"), newEP("10.0.0.3")))
 	second := tr.Build()
 	if !second.Changed || second.Full || second.State == first.State {
 		t.Fatalf("second build: changed %v full %v", second.Changed, second.Full)
 	}
-	if portOf(second.State, "a") == portOf(first.State, "a") {
+	if portOf(second.State, "a") == a1 {
 		t.Error("changed Service kept its pointer")
 	}
-	if portOf(second.State, "b") != portOf(first.State, "b") {
+	if portOf(second.State, "b") != b1 {
 		t.Error("unchanged Service got a new pointer")
 	}
+	a2 := portOf(second.State, "a")
 	if got := epStrings(portOf(second.State, "a").ClusterEndpoints); len(got) != 2 {
 		t.Errorf("a endpoints %q", got)
 	}
@@ -116,18 +119,18 @@ func TestTrackerReusesUnchangedPorts(t *testing.T) {
 	// reuses equal ports.
 	tr.OnNodeAdd(testNodeObj(zoneLabels("zone-a")))
 	fourth := tr.Build()
-	if !fourth.Full || !fourth.Changed || portOf(fourth.State, "a") != portOf(second.State, "a") {
+	if !fourth.Full || !fourth.Changed || portOf(fourth.State, "a") != a2 {
 		t.Errorf("node label without effect on ports: full %v changed %v", fourth.Full, fourth.Changed)
 	}
 
 	tr.OnServiceDelete(newSvc("b"))
 	fifth := tr.Build()
-	if !fifth.Changed || portOf(fifth.State, "b") != nil || portOf(fifth.State, "a") != portOf(second.State, "a") {
+	if !fifth.Changed || portOf(fifth.State, "b") != nil || portOf(fifth.State, "a") != a2 {
 		t.Error("delete did not remove only b")
 	}
-	// Published States are never modified.
-	if portOf(second.State, "b") == nil {
-		t.Error("an earlier State was modified")
+	// The Delta hands over the value the map no longer has.
+	if d := fifth.State.Delta; d == nil || len(d.Names) != 1 || d.Names[0].Name != "b" || d.Old[0] != b1 {
+		t.Errorf("delta of the delete: %+v", d)
 	}
 }
 
@@ -143,6 +146,7 @@ func TestTrackerNodeChange(t *testing.T) {
 	if got := epStrings(portOf(first.State, "zoned").ClusterEndpoints); !equalStrings(got, []string{"10.0.1.1:8080"}) {
 		t.Fatalf("zoned endpoints %q", got)
 	}
+	np1 := portOf(first.State, "np")
 
 	tr.OnNodeUpdate(nil, testNodeObj(zoneLabels("zone-b"), "192.168.1.10"))
 	second := tr.Build()
@@ -152,16 +156,17 @@ func TestTrackerNodeChange(t *testing.T) {
 	if got := epStrings(portOf(second.State, "zoned").ClusterEndpoints); !equalStrings(got, []string{"10.0.1.2:8080"}) {
 		t.Errorf("zoned endpoints after zone change %q", got)
 	}
-	if portOf(second.State, "np") != portOf(first.State, "np") {
+	if portOf(second.State, "np") != np1 {
 		t.Error("NodePort Service unaffected by the zone got a new pointer")
 	}
+	zoned2 := portOf(second.State, "zoned")
 
 	tr.OnNodeUpdate(nil, testNodeObj(zoneLabels("zone-b"), "192.168.1.11"))
 	third := tr.Build()
 	if got := feStrings(portOf(third.State, "np").Frontends); !equalStrings(got, []string{"ClusterIP 10.96.0.2:80", "NodePort 192.168.1.11:30080"}) {
 		t.Errorf("NodePort frontends %q", got)
 	}
-	if portOf(third.State, "zoned") != portOf(second.State, "zoned") {
+	if portOf(third.State, "zoned") != zoned2 {
 		t.Error("ClusterIP Service unaffected by the address got a new pointer")
 	}
 }
@@ -289,7 +294,10 @@ func TestTrackerDelta(t *testing.T) {
 			t.Fatalf("State %d cannot say what changed since %d", s.State.Generation, prev.Generation)
 		}
 		var got []string
-		for _, n := range names {
+		for i, n := range names {
+			if old := s.State.Delta.Old[i]; old != replay[n] {
+				t.Errorf("delta's old %s is %p, the previous State had %p", n, old, replay[n])
+			}
 			got = append(got, n.Name)
 			if sp, ok := s.State.Services[n]; ok {
 				replay[n] = sp

@@ -305,7 +305,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 	}
-	clear(d.retry)
+	d.retry = map[model.ServicePortName]bool{}
 	// Name order makes frontend conflicts resolve the same way every time.
 	slices.SortFunc(changed, cmpName)
 
@@ -358,7 +358,9 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			delete(d.backends, bk)
 		}
 	}
-	clear(d.unreferenced)
+	// A new map, not clear: clearing costs what the map once held (a
+	// million backends after a full sync), at every sync after.
+	d.unreferenced = map[backendKey]struct{}{}
 	if err := d.commit(ws); err != nil {
 		return err
 	}
@@ -367,7 +369,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	}
 	d.fullSync = false
 	d.appliedGen = st.Generation
-	clear(d.recovered)
+	d.recovered = map[frontendKey]uint32{}
 	return nil
 }
 
@@ -470,6 +472,7 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		}
 		svcID, fresh, err := d.svcIDs.get(fk)
 		if err != nil {
+			d.undoBackends(ws, mark)
 			return fmt.Errorf("service id: %w", err)
 		}
 		if fresh {
@@ -541,8 +544,8 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 
 // backendIDsFor returns the IDs of a set's backends of fk's family, in
 // slot order, allocating and queueing the writes of new or changed ones.
-// It takes no reference: a backend allocated here and then not used is
-// deleted at the end of the sync.
+// It takes no reference: the caller takes them, or undoes the
+// allocations.
 func (d *Datapath) backendIDsFor(fk frontendKey, eps []model.Endpoint, ids []uint32, ws *writeSet) ([]uint32, error) {
 	for _, ep := range eps {
 		bk, ok := backendOf(fk, ep)
@@ -735,7 +738,6 @@ func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint
 		}
 		ws.freshBEs = append(ws.freshBEs, id)
 		e = backendEntry{id: id}
-		d.unreferenced[bk] = struct{}{} // until a slot takes it
 	}
 	var flags uint8
 	if ep.Local {

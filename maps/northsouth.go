@@ -216,7 +216,7 @@ func (d *Datapath) syncClusterIPs() error {
 			delete(d.node.clusterIPs, a)
 		}
 	}
-	clear(d.node.dirtyIPs)
+	d.node.dirtyIPs = map[netip.Addr]bool{} // not clear: see d.unreferenced
 	if err := updateMany(d.m.ClusterIPs, add, addVals); err != nil {
 		return err
 	}

@@ -4,9 +4,10 @@
 //
 // The controller computes a State from Services, EndpointSlices and the Node;
 // a Datapath (BPF maps, or IPVS) realises it. Nothing here knows about either
-// side. A State is immutable once handed to a Datapath: the controller builds
-// a new one for every sync and reuses the *ServicePort values of services that
-// did not change, so a datapath can detect unchanged services by pointer.
+// side. A *ServicePort never changes once built: the controller reuses the
+// pointers of services that did not change, so a datapath can detect
+// unchanged services by pointer. A State's Services map belongs to its
+// producer, which may update it in place for the next State (see Delta).
 package model
 
 import (
@@ -269,6 +270,10 @@ type State struct {
 	// which applied that State can apply this one in O(changed) instead of
 	// comparing every ServicePort. Node-wide fields are not covered: a
 	// Datapath compares those itself.
+	//
+	// A numbered State's Services map may be the previous State's, updated
+	// in place: read a State's map only until the producer's next one, and
+	// take the previous values from the Delta.
 	Delta *Delta
 }
 
@@ -276,6 +281,9 @@ type State struct {
 type Delta struct {
 	Since uint64
 	Names []ServicePortName
+	// Old holds, for each of Names, the ServicePort the State numbered
+	// Since had (nil: added).
+	Old []*ServicePort
 }
 
 // ChangedSince returns the names of the ServicePorts that may differ from

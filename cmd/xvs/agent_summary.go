@@ -23,26 +23,25 @@ type stateSummary struct {
 }
 
 // update brings the summary to st: through st's delta when it starts at
-// the State summarised last, else by counting every ServicePort.
+// the State summarised last (the previous values come from the delta: the
+// previous State's map may be st's, updated in place), else by counting
+// every ServicePort.
 func (s *stateSummary) update(st *model.State) {
-	var names []model.ServicePortName
-	ok := false
-	if s.last != nil {
-		names, ok = st.ChangedSince(s.last.Generation)
-	}
-	if !ok {
-		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}}
-		for _, sp := range st.Services {
-			s.count(sp, 1)
-		}
-	} else {
-		for _, name := range names {
-			if old := s.last.Services[name]; old != nil {
-				s.count(old, -1)
+	switch d := st.Delta; {
+	case s.last != nil && st.Generation != 0 && st.Generation == s.last.Generation:
+	case s.last != nil && s.last.Generation != 0 && d != nil && d.Since == s.last.Generation && len(d.Old) == len(d.Names):
+		for i, name := range d.Names {
+			if d.Old[i] != nil {
+				s.count(d.Old[i], -1)
 			}
 			if sp := st.Services[name]; sp != nil {
 				s.count(sp, 1)
 			}
+		}
+	default:
+		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}}
+		for _, sp := range st.Services {
+			s.count(sp, 1)
 		}
 	}
 	s.last = st

@@ -31,10 +31,11 @@ func TestStateSummaryFollowsDeltas(t *testing.T) {
 	states := []*model.State{
 		{Generation: 1, Services: map[model.ServicePortName]*model.ServicePort{a.Name: a, b.Name: b}},
 		{Generation: 2, Services: map[model.ServicePortName]*model.ServicePort{a.Name: a, b.Name: port("b", "2001:db8::1", true, 30002, "10.0.0.1"), c.Name: c},
-			Delta: &model.Delta{Since: 1, Names: []model.ServicePortName{b.Name, c.Name}}},
+			Delta: &model.Delta{Since: 1, Names: []model.ServicePortName{b.Name, c.Name}, Old: []*model.ServicePort{b, nil}}},
 		{Generation: 3, Services: map[model.ServicePortName]*model.ServicePort{c.Name: c},
 			Delta: &model.Delta{Since: 2, Names: []model.ServicePortName{a.Name, b.Name}}},
 	}
+	states[2].Delta.Old = []*model.ServicePort{a, states[1].Services[b.Name]}
 	var s stateSummary
 	for i, st := range states {
 		s.update(st)
