@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xvs-lb/xvs/loader"
 )
 
 // TestAgentArgs: the agent's command line combines kube-proxy's flags,
@@ -36,6 +38,17 @@ ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout:
 			m.metricsAddr, o.Config.MetricsBindAddress)
 	}
 
+	// Map sizes for large clusters.
+	if _, f, err = parseAgentArgs([]string{"--objects", t.TempDir(), "--bpf-max-services", "131072", "--bpf-max-backends", "2097152",
+		"--bpf-max-service-slots", "2097152", "--bpf-conntrack-size", "1048576"}); err != nil {
+		t.Fatal(err)
+	} else if z := f.mode.mapSizes; z.MaxServices != 131072 || z.MaxBackends != 2097152 || z.MaxServiceSlots != 2097152 || z.ConntrackSize != 1048576 {
+		t.Errorf("map sizes %+v", z)
+	}
+	if _, f, _ = parseAgentArgs([]string{"--objects", t.TempDir()}); f.mode.mapSizes.MaxServices != loader.DefaultConfig().MaxServices {
+		t.Errorf("default map sizes %+v", f.mode.mapSizes)
+	}
+
 	// The flag wins over the file's mode.
 	if _, f, err = parseAgentArgs([]string{"--config", cfg, "--objects", t.TempDir(), "--proxy-mode", "ebpf"}); err != nil || f.mode.proxyMode != "ebpf" {
 		t.Fatalf("--proxy-mode over the file: %q %v", f.mode.proxyMode, err)
@@ -50,6 +63,8 @@ ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout:
 		{[]string{"--fallback", "iptables"}, "--fallback"},
 		{[]string{"stray"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"--bpf-max-backends", "0"}, "between 1 and"},
+		{[]string{"--bpf-conntrack-size", "lots"}, "between 1 and"},
 	} {
 		if _, _, err := parseAgentArgs(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error about %s", tc.args, err, tc.want)

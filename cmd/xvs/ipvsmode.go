@@ -50,6 +50,7 @@ type modeFlags struct {
 	// ebpf mode's own.
 	masqPorts  string
 	maglevSize uint
+	mapSizes   loader.Config // the Max* and ConntrackSize fields
 }
 
 func (f *modeFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,12 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
 	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections (keep it outside net.ipv4.ip_local_port_range)")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
+	def := loader.DefaultConfig()
+	f.mapSizes = def
+	fs.Func("bpf-max-services", fmt.Sprintf("ebpf mode: most frontends (Service address:port:protocol), sizing the per-frontend maps (default %d)", def.MaxServices), uint32Flag(&f.mapSizes.MaxServices))
+	fs.Func("bpf-max-backends", fmt.Sprintf("ebpf mode: most distinct backends (endpoint address:port:protocol) (default %d)", def.MaxBackends), uint32Flag(&f.mapSizes.MaxBackends))
+	fs.Func("bpf-max-service-slots", fmt.Sprintf("ebpf mode: service map entries: one per frontend plus one per endpoint of each (default %d)", def.MaxServiceSlots), uint32Flag(&f.mapSizes.MaxServiceSlots))
+	fs.Func("bpf-conntrack-size", fmt.Sprintf("ebpf mode: conntrack entries, two per flow (default %d)", def.ConntrackSize), uint32Flag(&f.mapSizes.ConntrackSize))
 	fs.BoolVar(&f.debugFailBPF, "debug-fail-bpf-load", false, "fault injection for the fallback tests: fail the BPF load (never in production; also "+envFailBPFLoad+"=1)")
 }
 
@@ -275,6 +282,8 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 		return nil, errors.New("load objects: injected failure (" + envFailBPFLoad + ")")
 	}
 	lcfg := loader.DefaultConfig()
+	lcfg.MaxServices, lcfg.MaxBackends = f.mode.mapSizes.MaxServices, f.mode.mapSizes.MaxBackends
+	lcfg.MaxServiceSlots, lcfg.ConntrackSize = f.mode.mapSizes.MaxServiceSlots, f.mode.mapSizes.ConntrackSize
 	lcfg.PinPath = f.pinPath
 	lcfg.DisableRevNAT = f.disableRevNATDbg
 	objs, err := loader.Load(lcfg)
@@ -370,4 +379,17 @@ func parsePortRange(s string) (uint16, uint16, error) {
 		return 0, 0, fmt.Errorf("%q is not LO-HI with 1 <= LO <= HI <= 65535", s)
 	}
 	return uint16(lo), uint16(hi), nil
+}
+
+// uint32Flag parses a map size: a positive number below 2^31 (the kernel
+// bounds map sizes; an ID must fit the maps' 32-bit fields).
+func uint32Flag(dst *uint32) func(string) error {
+	return func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 || n >= 1<<31 {
+			return fmt.Errorf("%q: want a size between 1 and %d", v, 1<<31-1)
+		}
+		*dst = uint32(n)
+		return nil
+	}
 }
