@@ -17,11 +17,6 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 )
 
-// agentMaxServices is what the agent binary's fixed map sizes hold with 10
-// endpoints per Service (loader.DefaultConfig: 262144 service slots and
-// backends).
-var agentMaxServices = int(loader.DefaultConfig().MaxServiceSlots) / (1 + backendsPerService)
-
 // agentResult is the real agent process at one size: from its start to
 // every Service in the maps, through the file source, and its memory then.
 type agentResult struct {
@@ -32,13 +27,11 @@ type agentResult struct {
 
 // measureAgentProcess runs the real `xvs agent` binary (ebpf mode, file
 // source) on manifests for N Services x 10 endpoints, in a node namespace
-// of its own, for every control size the agent's maps can hold.
+// of its own, for every control size, with its map-size flags set as
+// docs/configuration.md advises for that size.
 func measureAgentProcess(ctx context.Context, opts Options, bin string) ([]agentResult, error) {
 	var out []agentResult
 	for _, n := range opts.Control.Sizes {
-		if n > agentMaxServices {
-			continue
-		}
 		r, err := agentProcessAt(ctx, n, bin)
 		if err != nil {
 			return nil, fmt.Errorf("%d services: %w", n, err)
@@ -82,8 +75,9 @@ func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, er
 	}
 	pin := filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-agent", os.Getpid()))
 	start := time.Now()
-	p, err := lab.StartTied(node.NS, filepath.Join(dir, "agent.log"), bin, "agent", "--objects", objects, "--hostname-override", "node",
-		"--node-ip", trafficNodeIP.String(), "--pin-path", pin)
+	args := append([]string{"agent", "--objects", objects, "--hostname-override", "node",
+		"--node-ip", trafficNodeIP.String(), "--pin-path", pin}, agentMapFlags(n)...)
+	p, err := lab.StartTied(node.NS, filepath.Join(dir, "agent.log"), bin, args...)
 	if err != nil {
 		return res, err
 	}
@@ -154,4 +148,17 @@ func buildXvs(ctx context.Context, dir string, static bool) (string, error) {
 		return "", fmt.Errorf("build xvs: %v: %s", err, out)
 	}
 	return bin, nil
+}
+
+// agentMapFlags sizes the agent's maps for n Services x 10 endpoints, no
+// smaller than its defaults.
+func agentMapFlags(n int) []string {
+	def := loader.DefaultConfig()
+	size := func(flag string, want int, min uint32) []string {
+		return []string{flag, strconv.FormatUint(uint64(max(pow2(want), min)), 10)}
+	}
+	var out []string
+	out = append(out, size("--bpf-max-services", n, def.MaxServices)...)
+	out = append(out, size("--bpf-max-backends", n*backendsPerService, def.MaxBackends)...)
+	return append(out, size("--bpf-max-service-slots", n*(1+backendsPerService), def.MaxServiceSlots)...)
 }

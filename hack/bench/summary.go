@@ -81,8 +81,8 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 	}
 	if len(agent) > 0 {
 		a := agent[len(agent)-1]
-		fmt.Fprintf(b, "| control plane: the real agent process (file source) at %d Services x %d endpoints (its maps hold at most %d) | ready after %v, peak RSS %.0f MiB | (context) |\n",
-			a.N, backendsPerService, agentMaxServices, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20))
+		fmt.Fprintf(b, "| control plane: the real agent process (file source) at %d Services x %d endpoints | ready after %v, peak RSS %.0f MiB | RSS %s |\n",
+			a.N, backendsPerService, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20), yesNo(a.HWM <= goalRSS))
 	}
 	if vm != nil {
 		var ms []string
