@@ -58,6 +58,7 @@ type ProbeResult struct {
 	Observed string `json:"observed"`
 	Pass     bool   `json:"pass"`
 	Override string `json:"override,omitempty"` // the why of an applied override
+	Agent    bool   `json:"agent,omitempty"`    // a check of the agent's own endpoints (agentcheck.go), not a scenario probe
 }
 
 // runProbe makes the probe's tries and judges them against exp.

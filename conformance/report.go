@@ -43,16 +43,18 @@ const runnerNotes = `## How the runner realises a scenario
 - **SCTP** uses raw one-to-one SCTP sockets; Linux SCTP ignores ICMP unreachables for an INIT, so a
   raw ICMP socket in the client's namespace watches for one quoting the INIT (REJECT). A kernel without
   the sctp module (this host's) fails SCTP probes with that reason; the VM run loads it.
+- **Agent checks** (SEMANTICS 3.20, 3.21) follow every scenario that ran to its end, in every mode, as
+  extra result lines: from the node's namespace, ` + "`/livez`" + ` (200) and ` + "`/healthz`" + ` (200 with
+  ` + "`nodeEligible: true`" + `, or 503 and false when the Node has a deletionTimestamp or the
+  ToBeDeletedByClusterAutoscaler taint; ` + "`lastUpdated`" + ` in the body) on 127.0.0.1:10256, ` + "`/proxyMode`" + `
+  (the mode) and ` + "`/metrics`" + ` on 127.0.0.1:10249: a sync recorded (last timestamp and duration
+  histogram), and ` + "`kubeproxy_sync_proxy_rules_no_local_endpoints_total`" + ` per policy and family equal to
+  the count the runner derives from the objects as they stand at the end (ports with a Local policy,
+  usable endpoints of the family elsewhere and none here). ` + "`--no-agent-checks`" + ` leaves them out.
 - **Limits**: ` + "`detectLocalMode`" + ` other than ClusterCIDR fails (no agent flag); unknown fields make a file
   malformed (FORMAT.md defines a closed set; a typo must not weaken a scenario).
 
 `
-
-// uncoverable says why FORMAT v1 scenarios cannot cover a section.
-var uncoverable = map[string]string{
-	"3.20": "its checks are HTTP status codes and bodies (/healthz, /livez, the HealthCheckNodePort server); FORMAT v1 probes only classify connections (members, REJECT, DROP, PASS), so this needs a FORMAT extension or its own tests",
-	"3.21": "metrics are not traffic; FORMAT v1 cannot assert them",
-}
 
 var sectionLine = regexp.MustCompile(`(?m)^###\s+(\d+\.\d+)\s+(.+)$`)
 
@@ -91,6 +93,7 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 
 	writeSummary(&b, runs)
 	writeSections(&b, runs, titles, all)
+	writeAgentChecks(&b, runs)
 	writeScenarios(&b, runs)
 	writeFailures(&b, runs)
 	return b.Bytes()
@@ -223,11 +226,6 @@ func writeSections(b *bytes.Buffer, runs []*Results, titles map[string]string, a
 		}
 		if len(missing) > 0 {
 			fmt.Fprintf(b, "\nSections no scenario names: %s.\n", strings.Join(missing, "; "))
-			for _, n := range all {
-				if why := uncoverable[n]; why != "" && !secs[n] {
-					fmt.Fprintf(b, "%s: %s.\n", n, why)
-				}
-			}
 		}
 	}
 
@@ -307,5 +305,54 @@ func writeFailures(b *bytes.Buffer, runs []*Results) {
 		}
 		fmt.Fprintf(b, "\n## Failures (%s)\n\n<details><summary>%d failing probes</summary>\n\n| scenario | probe | expected | observed |\n|---|---|---|---|\n%s\n\n</details>\n",
 			column(r), len(lines), strings.Join(lines, "\n"))
+	}
+}
+
+// writeAgentChecks: the agent endpoint checks that follow every scenario,
+// passed / run per check and run.
+func writeAgentChecks(b *bytes.Buffer, runs []*Results) {
+	var names []string
+	for _, r := range runs {
+		for _, s := range r.Scenarios {
+			for _, p := range s.Probes {
+				if p.Agent && !slices.Contains(names, p.Probe) {
+					names = append(names, p.Probe)
+				}
+			}
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	b.WriteString("\n## Agent endpoint checks (every scenario; SEMANTICS 3.20, 3.21)\n\nChecks passed / run, over every scenario of the run.\n\n| check |")
+	for _, r := range runs {
+		fmt.Fprintf(b, " %s |", column(r))
+	}
+	b.WriteString("\n|---|")
+	for range runs {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, name := range names {
+		fmt.Fprintf(b, "| %s |", name)
+		for _, r := range runs {
+			var pass, n int
+			for _, s := range r.Scenarios {
+				for _, p := range s.Probes {
+					if p.Agent && p.Probe == name {
+						n++
+						if p.Pass {
+							pass++
+						}
+					}
+				}
+			}
+			mark := ""
+			if n > 0 && pass == n {
+				mark = " ✅"
+			}
+			fmt.Fprintf(b, " %d/%d%s |", pass, n, mark)
+		}
+		b.WriteString("\n")
 	}
 }

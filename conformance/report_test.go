@@ -10,6 +10,8 @@ func TestReport(t *testing.T) {
 		{Name: "a", Sections: []string{"3.10", "3.2"}, Status: StatusPass, Probes: []ProbeResult{{Probe: "p", Pass: true}, {Probe: "q", Pass: true}}},
 		{Name: "b", Sections: []string{"3.2"}, Status: StatusFail, Probes: []ProbeResult{{Probe: "r", Pass: true}, {Probe: "s|t", Expected: "REJECT", Observed: "DROP×1", Step: 2}}},
 		{Name: "c", Status: StatusMalformed, Error: "unknown field \"x\""},
+		{Name: "d", Sections: []string{"3.20"}, Status: StatusFail, Probes: []ProbeResult{{Probe: "p", Pass: true},
+			{Probe: "agent /healthz", Agent: true}, {Probe: "agent /livez", Agent: true, Pass: true}}},
 	}}
 	ipvs := &Results{Mode: ModeIPVS, Kernel: "6.1", Scenarios: []ScenarioResult{
 		{Name: "a", Sections: []string{"3.10", "3.2"}, Status: StatusSkip},
@@ -23,7 +25,9 @@ func TestReport(t *testing.T) {
 		"| a | 3.10, 3.2 | pass 2/2 | skip |",
 		`| b | step 2: s\|t | REJECT | DROP×1 |`,
 		`| c | (malformed) | | unknown field "x" |`,
-		"3.20: its checks are HTTP",
+		"| agent /healthz | 0/1 | 0/0 |",
+		"| agent /livez | 1/1 ✅ | 0/0 |",
+		"| 3.20 Health endpoints | 0/1 (2/3) | 0/0 (0/0) |",
 		"ebpf @ 6.12", "ipvs @ 6.1",
 	} {
 		if !strings.Contains(md, want) {

@@ -35,6 +35,9 @@ type Options struct {
 	// LogDir keeps each scenario's agent log; empty: a temporary
 	// directory, removed at the end when every scenario passed.
 	LogDir string
+	// NoAgentChecks leaves out the checks of the agent's health and
+	// metrics endpoints after each scenario (agentcheck.go).
+	NoAgentChecks bool
 	// SyncTimeout bounds the wait for the agent to apply a version of the
 	// objects; the first one includes loading the datapath. Default 30s.
 	SyncTimeout time.Duration
@@ -198,13 +201,19 @@ func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResul
 	}
 	r.w = w
 	r.probes(0, sc.Probes)
+	completed := true
 	for i := range sc.Steps {
 		if ctx.Err() != nil || !r.step(ctx, i+1, &sc.Steps[i]) {
+			completed = false
 			break
 		}
 	}
 	if ended, aerr := w.agent.Exited(); ended {
 		r.report(0, "agent", "running throughout", fmt.Sprintf("exited (%v): %s", aerr, oneLine(logTail(w.agent.Log, 3))), "", false)
+	} else if completed && !opts.NoAgentChecks {
+		// The agent's own endpoints for the objects as they now stand
+		// (agentcheck.go).
+		r.agentChecks()
 	}
 	r.res.Status = StatusPass
 	for _, p := range r.res.Probes {

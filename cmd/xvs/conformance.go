@@ -41,6 +41,7 @@ func conformanceRun(args []string) error {
 	skip := fs.String("skip", "", "leave out (and list as skipped) scenarios whose name matches this regular expression")
 	report := fs.String("report", "", "also write a Markdown report (this run only) to FILE")
 	logDir := fs.String("log-dir", "", "keep every agent log in DIR (default: kept only when something fails)")
+	noAgentChecks := fs.Bool("no-agent-checks", false, "leave out the checks of the agent's /healthz, /livez, /proxyMode and /metrics after each scenario")
 	// Flags may follow the directory: `run DIR --mode ipvs`.
 	var dir string
 	rest := args
@@ -63,7 +64,7 @@ func conformanceRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := conformance.Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir}
+	opts := conformance.Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks}
 	if *output == "json" {
 		opts.Out = os.Stderr
 	} else if *output != "text" {

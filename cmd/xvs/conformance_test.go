@@ -49,12 +49,16 @@ func (l tlog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// probes indexes results as "scenario/probe" -> pass.
-func probes(res *conformance.Results) map[string]bool {
+// probes indexes results as "scenario/step/probe" -> pass; agent, when
+// true, selects the checks of the agent's endpoints instead of the
+// scenario's own probes.
+func probes(res *conformance.Results, agent ...bool) map[string]bool {
 	out := map[string]bool{}
 	for _, s := range res.Scenarios {
 		for _, p := range s.Probes {
-			out[fmt.Sprintf("%s/%d/%s", s.Name, p.Step, p.Probe)] = p.Pass
+			if p.Agent == (len(agent) > 0 && agent[0]) {
+				out[fmt.Sprintf("%s/%d/%s", s.Name, p.Step, p.Probe)] = p.Pass
+			}
 		}
 	}
 	return out
@@ -157,8 +161,16 @@ func TestPrivConformanceFreshScenario(t *testing.T) {
 			t.Errorf("%s: pass=%v (reported: %v), want %v", k, g, ok, w)
 		}
 	}
-	if len(got) != len(want) || res.Passed != 5 || res.Failed != 1 {
-		t.Errorf("results %v: %d passed, %d failed; want 5 and 1", got, res.Passed, res.Failed)
+	// The agent's endpoints after the scenario: its own Node (eligible),
+	// no Local policy.
+	checks := probes(res, true)
+	for _, c := range []string{"agent /livez", "agent /healthz", "agent /proxyMode", "agent /metrics sync", "agent /metrics no_local_endpoints"} {
+		if pass, ok := checks["outsider-written/0/"+c]; !ok || !pass {
+			t.Errorf("%s: pass=%v (reported: %v), want pass", c, pass, ok)
+		}
+	}
+	if len(got) != len(want) || len(checks) != 5 || res.Passed != 5+5 || res.Failed != 1 {
+		t.Errorf("results %v %v: %d passed, %d failed; want 10 and 1", got, checks, res.Passed, res.Failed)
 	}
 }
 
@@ -193,7 +205,7 @@ func TestPrivConformanceMalformed(t *testing.T) {
 			t.Errorf("%s: status %q, error %q; want malformed with %q", n, s.Status, s.Error, reason)
 		}
 	}
-	if g := status["a-good.yaml"]; g.Status != conformance.StatusFail || len(g.Probes) != 6 {
+	if g := status["a-good.yaml"]; g.Status != conformance.StatusFail || len(g.Probes) != 6+5 { // 5 agent checks
 		t.Errorf("the good scenario did not run fully: %+v", g)
 	}
 	if res.Failed != 3+1 {
@@ -211,8 +223,22 @@ func TestPrivConformanceBreakRevNAT(t *testing.T) {
 		t.Fatal(err)
 	}
 	const pick = `^(svc-ports-independent|svc-named-targetport|clusterip-same-port-protocols|svc-fqdn-slice-ignored|svc-headless-ignored)$`
-	healthy := probes(runCorpus(t, dir, pick))
-	broken := probes(runCorpus(t, dir, pick, "--debug-disable-rev-nat"))
+	healthyRes := runCorpus(t, dir, pick)
+	brokenRes := runCorpus(t, dir, pick, "--debug-disable-rev-nat")
+	healthy, broken := probes(healthyRes), probes(brokenRes)
+	// The agent's own endpoints do not go through the datapath: every
+	// check passes either way.
+	for _, res := range []*conformance.Results{healthyRes, brokenRes} {
+		checks := probes(res, true)
+		for k, pass := range checks {
+			if !pass {
+				t.Errorf("%s fails", k)
+			}
+		}
+		if len(checks) != 5*5 {
+			t.Errorf("%d agent checks, want 5 for each of 5 scenarios", len(checks))
+		}
+	}
 	needsRevNAT := map[string]bool{
 		"svc-ports-independent/0/port 80 goes to 8080":                                    true,
 		"svc-ports-independent/0/port 81 goes to 9000":                                    true,
