@@ -85,36 +85,14 @@ func newKubeWorld(t *testing.T) *kubeWorld {
 	return w
 }
 
-// forwardIntoNS listens on 127.0.0.1:port inside ns and relays each
-// connection to 127.0.0.1:port of the test's own namespace.
+// forwardIntoNS makes the API server on the host's 127.0.0.1:port
+// reachable at the same address inside ns.
 func forwardIntoNS(t *testing.T, ns *lab.NS, port int) error {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	var ln net.Listener
-	if err := ns.Do(func() (err error) {
-		ln, err = net.Listen("tcp", addr)
+	ln, err := lab.ForwardInto(ns, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
 		return err
-	}); err != nil {
-		return fmt.Errorf("forwarder in %s: %w", ns.Name, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.DialTimeout("tcp", addr, 5*time.Second)
-				if err != nil {
-					return // API server down: the agent sees a refused connection
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
 	return nil
 }
 

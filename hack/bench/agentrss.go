@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,39 +12,68 @@ import (
 	"strconv"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/kubeapi"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 )
 
 // agentResult is the real agent process at one size: from its start to
-// every Service in the maps, through the file source, and its memory then.
+// every Service in the maps, through the file source or the API server,
+// and its memory then.
 type agentResult struct {
 	N        int
+	Source   string // "file" or "api"
 	Ready    time.Duration
 	RSS, HWM uint64
+	// Created is how long writing the objects into the API server took
+	// (before the agent starts; not in Ready).
+	Created time.Duration
 }
 
-// measureAgentProcess runs the real `xvs agent` binary (ebpf mode, file
-// source) on manifests for N Services x 10 endpoints, in a node namespace
-// of its own, for every control size, with its map-size flags set as
-// docs/configuration.md advises for that size.
+// measureAgentProcess runs the real `xvs agent` binary (ebpf mode) on N
+// Services x 10 endpoints, in a node namespace of its own, with its
+// map-size flags set as docs/configuration.md advises for the size: through
+// the file source at every control size, and through a real API server and
+// the agent's informers at the API sizes.
 func measureAgentProcess(ctx context.Context, opts Options, bin string) ([]agentResult, error) {
 	var out []agentResult
-	for _, n := range opts.Control.Sizes {
-		r, err := agentProcessAt(ctx, n, bin)
+	run := func(n int, source string) error {
+		r, err := agentProcessAt(ctx, n, bin, source)
 		if err != nil {
-			return nil, fmt.Errorf("%d services: %w", n, err)
+			return fmt.Errorf("%d services (%s): %w", n, source, err)
 		}
-		logf(opts.Log, "control plane: the agent process at %d services: ready in %v, RSS %d MiB (peak %d MiB)", n, r.Ready.Round(time.Millisecond), r.RSS>>20, r.HWM>>20)
+		logf(opts.Log, "control plane: the agent process at %d services (%s source): ready in %v, RSS %d MiB (peak %d MiB)", n, source, r.Ready.Round(time.Millisecond), r.RSS>>20, r.HWM>>20)
 		out = append(out, r)
+		return nil
+	}
+	for _, n := range opts.Control.APISizes {
+		if err := run(n, "api"); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range opts.Control.Sizes {
+		if err := run(n, "file"); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
 
-func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, err error) {
-	res.N = n
+// agentServiceCIDR holds every VIP of the benchmark (vipBase, up to a
+// million Services); /12 is the widest range the API server takes.
+const agentServiceCIDR = "172.16.0.0/12"
+
+func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentResult, err error) {
+	res.N, res.Source = n, source
 	l, err := lab.New(lab.UniquePrefix("bench"))
 	if err != nil {
 		return res, err
@@ -58,25 +88,58 @@ func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, er
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	objects := filepath.Join(dir, "objects")
-	if err := os.Mkdir(objects, 0o755); err != nil {
-		return res, err
+	// The API server gives its own `kubernetes` Service the first address
+	// of the range, vipOf(0): there the benchmark's start one later, and
+	// the agent serves that one too.
+	first, want := 0, n
+	if source == "api" {
+		first, want = 1, n+1
 	}
 	svcs := trafficServices(n)
 	for i := range svcs {
-		svcs[i].VIP = vipOf(i)
+		svcs[i].VIP = vipOf(first + i)
 		svcs[i].Endpoints = make([]netip.AddrPort, backendsPerService)
 		for j := range backendsPerService {
 			svcs[i].Endpoints[j] = netip.AddrPortFrom(addAddr(backendBase, 1+i*backendsPerService+j), trafficPodPort)
 		}
 	}
-	if err := writeManifests(objects, svcs); err != nil {
-		return res, err
+	var sourceArgs []string
+	switch source {
+	case "file":
+		objects := filepath.Join(dir, "objects")
+		if err := os.Mkdir(objects, 0o755); err != nil {
+			return res, err
+		}
+		if err := writeManifests(objects, svcs); err != nil {
+			return res, err
+		}
+		sourceArgs = []string{"--objects", objects}
+	case "api":
+		srv, serr := kubeapi.Start(ctx, kubeapi.Options{ServiceCIDRs: agentServiceCIDR})
+		if serr != nil {
+			return res, fmt.Errorf("kube-apiserver: %w", serr)
+		}
+		defer func() { err = errors.Join(err, srv.Close()) }()
+		// The agent lives in the node namespace, the server on the
+		// host's loopback.
+		ln, ferr := lab.ForwardInto(node.NS, net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)))
+		if ferr != nil {
+			return res, ferr
+		}
+		defer ln.Close()
+		start := time.Now()
+		if err := createObjects(ctx, srv.Config, svcs); err != nil {
+			return res, fmt.Errorf("create objects: %w (server log: %s)", err, srv.LogTail(2048))
+		}
+		res.Created = time.Since(start)
+		sourceArgs = []string{"--kubeconfig", srv.Kubeconfig}
+	default:
+		return res, fmt.Errorf("unknown source %q", source)
 	}
 	pin := filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-agent", os.Getpid()))
+	args := append([]string{"agent", "--hostname-override", "node", "--node-ip", trafficNodeIP.String(), "--pin-path", pin},
+		append(sourceArgs, agentMapFlags(n)...)...)
 	start := time.Now()
-	args := append([]string{"agent", "--objects", objects, "--hostname-override", "node",
-		"--node-ip", trafficNodeIP.String(), "--pin-path", pin}, agentMapFlags(n)...)
 	p, err := lab.StartTied(node.NS, filepath.Join(dir, "agent.log"), bin, args...)
 	if err != nil {
 		return res, err
@@ -90,7 +153,7 @@ func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, er
 	deadline := time.Now().Add(agentReady)
 	for {
 		heads, err := countHeads(pin)
-		if err == nil && heads == n {
+		if err == nil && heads == want {
 			res.Ready = time.Since(start)
 			break
 		}
@@ -99,7 +162,7 @@ func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, er
 			return res, fmt.Errorf("agent exited (%v): %s", aerr, tail(string(log), 10))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return res, fmt.Errorf("%d of %d Services in the maps after %v (%v)", heads, n, agentReady, err)
+			return res, fmt.Errorf("%d of %d Services in the maps after %v (%v)", heads, want, agentReady, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -109,6 +172,90 @@ func agentProcessAt(ctx context.Context, n int, bin string) (res agentResult, er
 	}
 	res.HWM, err = statusField(status, "VmHWM")
 	return res, err
+}
+
+// createObjects writes the Namespace, the Node (with its InternalIP) and
+// every Service and EndpointSlice into the API server, with a few writers
+// in parallel and the client's rate limit lifted.
+func createObjects(ctx context.Context, cfg *rest.Config, svcs []ruleService) error {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 5000, 10000
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	namespaces := map[string]bool{}
+	for _, s := range svcs {
+		namespaces[s.Namespace] = true
+	}
+	for ns := range namespaces {
+		if _, err := c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	node, err := c.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: trafficNodeIP.String()}}
+	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	const writers = 8
+	work := make(chan ruleService)
+	errs := make(chan error, writers)
+	for range writers {
+		go func() {
+			var first error
+			for s := range work {
+				if first == nil {
+					first = createService(ctx, c, s)
+				}
+			}
+			errs <- first
+		}()
+	}
+	for _, s := range svcs {
+		work <- s
+	}
+	close(work)
+	var all error
+	for range writers {
+		all = errors.Join(all, <-errs)
+	}
+	return all
+}
+
+// createService writes one Service and its EndpointSlice, as
+// writeManifests describes them.
+func createService(ctx context.Context, c kubernetes.Interface, s ruleService) error {
+	vip := s.VIP.String()
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
+			Ports: []v1.ServicePort{{Name: s.Port, Port: int32(s.VIPPort), TargetPort: intstr.FromInt32(trafficPodPort), Protocol: v1.ProtocolTCP}},
+		},
+	}
+	if _, err := c.CoreV1().Services(s.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("service %s: %w", s.Name, err)
+	}
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name + "-1", Namespace: s.Namespace,
+			Labels: map[string]string{discoveryv1.LabelServiceName: s.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr(s.Port), Port: ptr(int32(trafficPodPort)), Protocol: ptr(v1.ProtocolTCP)}},
+	}
+	for _, ep := range s.Endpoints {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses: []string{ep.Addr().String()}, NodeName: ptr("node"),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+		})
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices(s.Namespace).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("endpointslice %s: %w", sl.Name, err)
+	}
+	return nil
 }
 
 // countHeads counts the frontends (slot 0 of scope 0) in the pinned

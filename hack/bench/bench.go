@@ -193,7 +193,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	var agent []agentResult
-	if len(opts.Control.Sizes) > 0 {
+	if len(opts.Control.Sizes)+len(opts.Control.APISizes) > 0 {
 		dir, err := os.MkdirTemp("", "xvs-bench-bin-")
 		if err != nil {
 			return err

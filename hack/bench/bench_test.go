@@ -32,7 +32,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go test ./hack/bench/", Log: testLog{t},
 		Traffic: TrafficOptions{Sizes: []int{1, 20}, RulesMax: 20, Rounds: 1, Workers: 2, Warmup: 50 * time.Millisecond, Window: 200 * time.Millisecond,
 			Datapaths: []datapath{dpFloor, dpXvs, dpNftables, dpIptables, dpAgentEBPF}, XvsBin: bin},
-		Control: ControlOptions{Sizes: []int{10, 50}, Changes: 4},
+		Control: ControlOptions{Sizes: []int{10, 50}, Changes: 4, APISizes: []int{20}},
 	}
 	if err := Run(context.Background(), opts); err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet", "remote backend with SNAT",
 		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
 		"### First-packet latency", "### Time to program", "### CPU time per new connection", "xvs agent, ebpf mode", "agent-ebpf / floor", "### Where xvs's extra cost per connection goes", "| 20 |", "never slower than iptables",
-		"## Control plane: the agent's pipeline", "| 50 | 500 |", "The real agent process", "One EndpointSlice change to the maps at 50 Services",
+		"## Control plane: the agent's pipeline", "| 50 | 500 |", "The real agent process", "| api | 20 | 200 |", "| file | 50 | 500 |", "One EndpointSlice change to the maps at 50 Services",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q:\n%s", want, report)

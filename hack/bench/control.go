@@ -54,6 +54,10 @@ type ControlOptions struct {
 	Changes int
 	// Profile, if set, writes a CPU profile of the largest size's child.
 	Profile string
+	// APISizes are the numbers of Services the real agent process reads
+	// through a kube-apiserver (lab/kubeapi) and its informers; the other
+	// sizes go through the file source.
+	APISizes []int
 }
 
 func (o ControlOptions) validate() error {
@@ -455,11 +459,15 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.99).Round(time.Microsecond*10), controlMinSync)
 	}
 	if len(agent) > 0 {
-		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, file source, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size): N Services and their EndpointSlices (%d endpoints each) in one manifest file, the time from the process's start to every Service's head in the pinned map (reading and decoding the YAML, the tracker, the sync), and the process's memory then.\n\n",
+		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size), fed N Services and their EndpointSlices (%d endpoints each) two ways: through the real watcher path (source `api`: a kube-apiserver v1.37 with embedded etcd from lab/kubeapi holds the objects, written before the agent starts; the agent lists and watches them with its informers, as in a cluster), and through the file source (source `file`: one manifest file, read and decoded by the agent). Ready is the time from the process's start to every Service's head in the pinned map; memory is the process's then.\n\n",
 			backendsPerService)
-		fmt.Fprintf(&b, "| Services | Backends | Ready after | RSS (MiB) | Peak RSS (MiB) |\n|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| Source | Services | Backends | Ready after | RSS (MiB) | Peak RSS (MiB) | Objects written in |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, a := range agent {
-			fmt.Fprintf(&b, "| %d | %d | %v | %.0f | %.0f |\n", a.N, a.N*backendsPerService, a.Ready.Round(time.Millisecond), float64(a.RSS)/(1<<20), float64(a.HWM)/(1<<20))
+			created := "–"
+			if a.Created > 0 {
+				created = a.Created.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(&b, "| %s | %d | %d | %v | %.0f | %.0f | %s |\n", a.Source, a.N, a.N*backendsPerService, a.Ready.Round(time.Millisecond), float64(a.RSS)/(1<<20), float64(a.HWM)/(1<<20), created)
 		}
 		fmt.Fprintln(&b)
 	}

@@ -66,6 +66,7 @@ func parseFlags(args []string) (Options, error) {
 	workers := fs.Int("workers", 8, "load generator worker threads")
 	window := fs.Duration("window", 3*time.Second, "measured time of each real-traffic run (after a warm-up of a sixth of it)")
 	controlSizes := fs.String("control-sizes", "1000,10000,50000,100000", "numbers of Services for the control-plane figures (empty: skip them)")
+	apiSizes := fs.String("api-sizes", "1000,10000", "numbers of Services the real agent reads through a kube-apiserver (lab/kubeapi; empty: none)")
 	changes := fs.Int("changes", 200, "EndpointSlice changes timed at the largest control size")
 	cpuprofile := fs.String("control-cpuprofile", "", "write a CPU profile of the largest control-plane child")
 	datapaths := fs.String("datapaths", "floor,xvs,nftables,iptables", "real-traffic datapaths: floor, xvs, nftables, iptables, agent-ebpf, agent-ipvs")
@@ -86,6 +87,10 @@ func parseFlags(args []string) (Options, error) {
 	cs, err := parseOptSizes(*controlSizes)
 	if err != nil {
 		return Options{}, fmt.Errorf("-control-sizes: %w", err)
+	}
+	as, err := parseOptSizes(*apiSizes)
+	if err != nil {
+		return Options{}, fmt.Errorf("-api-sizes: %w", err)
 	}
 	vs, err := parseOptSizes(*vmSizes)
 	if err != nil {
@@ -113,7 +118,7 @@ func parseFlags(args []string) (Options, error) {
 		Log:     os.Stderr,
 		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *warmup, Window: *window,
 			Datapaths: dps, XvsBin: *xvsBin, KeepGoing: *guestJSON != ""},
-		Control: ControlOptions{Sizes: cs, Changes: *changes, Profile: *cpuprofile},
+		Control: ControlOptions{Sizes: cs, Changes: *changes, Profile: *cpuprofile, APISizes: as},
 		VM: VMOptions{Kernel: *vmKernel, Traffic: TrafficOptions{Sizes: vs, RulesMax: slices.Max(append(vs, 1)), Rounds: *vmRounds,
 			Workers: *workers, Warmup: *vmWindow / 4, Window: *vmWindow}},
 		GuestJSON: *guestJSON,

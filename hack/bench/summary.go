@@ -79,10 +79,17 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 				percentile(s, 0.5).Round(time.Millisecond), percentile(s, 0.99).Round(time.Millisecond), yesNo(percentile(s, 0.99) <= goalChangeP99))
 		}
 	}
-	if len(agent) > 0 {
-		a := agent[len(agent)-1]
-		fmt.Fprintf(b, "| control plane: the real agent process (file source) at %d Services x %d endpoints | ready after %v, peak RSS %.0f MiB | RSS %s |\n",
-			a.N, backendsPerService, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20), yesNo(a.HWM <= goalRSS))
+	for _, src := range []string{"api", "file"} {
+		var a *agentResult
+		for i := range agent {
+			if agent[i].Source == src {
+				a = &agent[i]
+			}
+		}
+		if a != nil {
+			fmt.Fprintf(b, "| control plane: the real agent process (%s source) at %d Services x %d endpoints | ready after %v, peak RSS %.0f MiB | RSS %s |\n",
+				src, a.N, backendsPerService, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20), yesNo(a.HWM <= goalRSS))
+		}
 	}
 	if vm != nil {
 		var ms []string
