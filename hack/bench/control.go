@@ -97,7 +97,7 @@ type controlResult struct {
 	// take (an informer cache holds the same), measured before the
 	// tracker sees them.
 	ObjectsHeap uint64
-	Changes                 []time.Duration
+	Changes     []time.Duration
 }
 
 func (r controlResult) Total() time.Duration { return r.Handlers + r.Build + r.Sync }
