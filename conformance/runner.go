@@ -141,7 +141,9 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		if ctx.Err() != nil {
 			break
 		}
+		start := time.Now()
 		sr := runScenario(ctx, sc, &opts)
+		sr.Duration = Duration(time.Since(start))
 		for _, p := range sr.Probes {
 			if p.Pass {
 				res.Passed++
@@ -174,9 +176,7 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // runScenario realises one scenario, runs its probes or steps, and tears
 // everything down whatever happened.
 func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResult {
-	start := time.Now()
 	r := &scenarioRun{sc: sc, opts: opts, res: ScenarioResult{File: sc.File, Name: sc.Name, Sections: sc.Sections}}
-	defer func() { r.res.Duration = Duration(time.Since(start)) }()
 	if !sc.RunsIn(opts.Mode) {
 		r.res.Status = StatusSkip
 		fmt.Fprintf(opts.Out, "SKIP  %s | modes %v exclude %s\n", sc.Name, sc.Modes, opts.Mode)
