@@ -42,9 +42,9 @@ const maxReasons = 3
 // slices are for DNS), only the first address of an endpoint is used, and
 // endpoints are de-duplicated by IP:port within a slice port. Slices are
 // visited in name order so the result does not depend on informer order.
-func collectEndpoints(cfg *Config, sl []*discoveryv1.EndpointSlice) (map[slicePortKey]*familyEndpoints, []Problem) {
+func collectEndpoints(cfg *Config, sl []*Slice) (map[slicePortKey]*familyEndpoints, []Problem) {
 	sl = slices.Clone(sl)
-	slices.SortFunc(sl, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(sl, func(a, b *Slice) int { return strings.Compare(a.Name, b.Name) })
 
 	out := make(map[slicePortKey]*familyEndpoints)
 	index := make(map[slicePortKey]map[netip.AddrPort]int)
@@ -65,13 +65,11 @@ func collectEndpoints(cfg *Config, sl []*discoveryv1.EndpointSlice) (map[slicePo
 			probs = append(probs, sliceProblem(s, fmt.Sprintf("addressType %q is not IPv4 or IPv6: slice ignored", s.AddressType)))
 			continue
 		}
-		eps, reasons := parseSliceEndpoints(cfg, s, fam)
-		ports, portReasons := parseSlicePorts(s)
-		reasons = append(reasons, portReasons...)
-		if len(reasons) > 0 {
-			probs = append(probs, sliceProblem(s, joinReasons(reasons)))
+		if len(s.Reasons) > 0 {
+			probs = append(probs, sliceProblem(s, joinReasons(s.Reasons)))
 		}
-		for _, p := range ports {
+		eps := sliceEndpoints(cfg, s)
+		for _, p := range s.Ports {
 			fe := out[p.key]
 			if fe == nil {
 				fe = new(familyEndpoints)
@@ -136,53 +134,27 @@ func parseSlicePorts(s *discoveryv1.EndpointSlice) ([]slicePort, []string) {
 	return out, reasons
 }
 
-// parseSliceEndpoints converts a slice's endpoints, applying the
-// discovery/v1 condition defaults exactly as kube-proxy does: ready and
-// serving nil mean true, terminating nil means false. (The v1beta1 docs
-// said serving nil defers to ready; v1 and kube-proxy say true. It only
-// matters for a not-ready terminating endpoint without a serving field.)
-func parseSliceEndpoints(cfg *Config, s *discoveryv1.EndpointSlice, fam int) ([]endpoint, []string) {
-	var out []endpoint
-	var reasons []string
+// sliceEndpoints gives a slice's endpoints this node's view: which are
+// local.
+func sliceEndpoints(cfg *Config, s *Slice) []endpoint {
+	out := make([]endpoint, len(s.Endpoints))
 	for i, e := range s.Endpoints {
-		if len(e.Addresses) == 0 {
-			reasons = append(reasons, fmt.Sprintf("endpoint %d has no address: skipped", i))
-			continue
-		}
-		addr, err := parseAddr(e.Addresses[0])
-		if err != nil {
-			reasons = append(reasons, fmt.Sprintf("endpoint %d: %v: skipped", i, err))
-			continue
-		}
-		if familyIndex(addr) != fam {
-			reasons = append(reasons, fmt.Sprintf("endpoint %d: address %s is not %s: skipped", i, addr, s.AddressType))
-			continue
-		}
-		ep := endpoint{Endpoint: model.Endpoint{
-			Addr:        addr,
-			Local:       cfg.NodeName != "" && e.NodeName != nil && *e.NodeName == cfg.NodeName,
-			Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
-			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
-			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		out[i] = endpoint{Endpoint: model.Endpoint{
+			Addr:        e.Addr,
+			Local:       cfg.NodeName != "" && e.Node() == cfg.NodeName,
+			Ready:       e.Ready,
+			Serving:     e.Serving,
+			Terminating: e.Terminating,
 			Weight:      1,
 		}}
-		if e.TargetRef != nil {
-			ep.target = e.TargetRef.Name
+		if x := e.Extra; x != nil {
+			out[i].target, out[i].zoneHints, out[i].nodeHints = x.Target, x.Zones, x.Nodes
 		}
-		if h := e.Hints; h != nil {
-			for _, z := range h.ForZones {
-				ep.zoneHints = append(ep.zoneHints, z.Name)
-			}
-			for _, n := range h.ForNodes {
-				ep.nodeHints = append(ep.nodeHints, n.Name)
-			}
-		}
-		out = append(out, ep)
 	}
-	return out, reasons
+	return out
 }
 
-func sliceProblem(s *discoveryv1.EndpointSlice, reason string) Problem {
+func sliceProblem(s *Slice, reason string) Problem {
 	return Problem{Kind: "EndpointSlice", Object: s.Namespace + "/" + s.Name, Reason: reason}
 }
 

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -33,10 +32,10 @@ type Tracker struct {
 	cfg Config
 
 	services map[types.NamespacedName]*v1.Service
-	slices   map[types.NamespacedName]*discoveryv1.EndpointSlice // by slice namespace/name
-	// bySvc indexes slices by their kubernetes.io/service-name label, then
-	// by slice name.
-	bySvc map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	slices   map[types.NamespacedName]*Slice // by slice namespace/name
+	// bySvc indexes slices by their kubernetes.io/service-name label (a
+	// Service has one or a few: a list costs less than a map).
+	bySvc map[types.NamespacedName][]*Slice
 	// orphans are slices without that label, reported until they go away.
 	orphans map[types.NamespacedName]Problem
 	node    *v1.Node
@@ -94,8 +93,8 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	return &Tracker{
 		cfg:      cfg,
 		services: make(map[types.NamespacedName]*v1.Service),
-		slices:   make(map[types.NamespacedName]*discoveryv1.EndpointSlice),
-		bySvc:    make(map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice),
+		slices:   make(map[types.NamespacedName]*Slice),
+		bySvc:    make(map[types.NamespacedName][]*Slice),
 		orphans:  make(map[types.NamespacedName]Problem),
 		dirty:    make(map[types.NamespacedName]bool),
 		built:    make(map[types.NamespacedName]builtService),
@@ -108,14 +107,20 @@ func (t *Tracker) OnServiceAdd(svc *v1.Service) bool       { return t.upsertServ
 func (t *Tracker) OnServiceUpdate(_, svc *v1.Service) bool { return t.upsertService(svc) }
 func (t *Tracker) OnServiceDelete(svc *v1.Service) bool    { return t.deleteService(svc) }
 func (t *Tracker) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) bool {
-	return t.upsertSlice(s)
+	return t.upsertSlice(NewSlice(s))
 }
 func (t *Tracker) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) bool {
-	return t.upsertSlice(s)
+	return t.upsertSlice(NewSlice(s))
 }
 func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool {
-	return t.deleteSlice(s)
+	return t.deleteSlice(NewSlice(s))
 }
+
+// OnSliceAdd and friends take EndpointSlices already parsed (the
+// informers' cache holds Slices: see TrimObject).
+func (t *Tracker) OnSliceAdd(s *Slice) bool       { return t.upsertSlice(s) }
+func (t *Tracker) OnSliceUpdate(_, s *Slice) bool { return t.upsertSlice(s) }
+func (t *Tracker) OnSliceDelete(s *Slice) bool    { return t.deleteSlice(s) }
 
 // OnNodeAdd and friends ignore every Node but ours (cfg.NodeName); with no
 // NodeName configured, all Nodes are ignored.
@@ -176,7 +181,7 @@ func (t *Tracker) deleteService(svc *v1.Service) bool {
 	return true
 }
 
-func (t *Tracker) upsertSlice(s *discoveryv1.EndpointSlice) bool {
+func (t *Tracker) upsertSlice(s *Slice) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := nameOf(s)
@@ -185,7 +190,7 @@ func (t *Tracker) upsertSlice(s *discoveryv1.EndpointSlice) bool {
 	if old != nil && sameSlice(old, s) {
 		// Equal labels, so the same Service: just hold the newest object.
 		if sk, ok := sliceService(s); ok {
-			t.bySvc[sk][s.Name] = s
+			t.bySvc[sk] = putSlice(t.bySvc[sk], s)
 		}
 		return false
 	}
@@ -196,7 +201,7 @@ func (t *Tracker) upsertSlice(s *discoveryv1.EndpointSlice) bool {
 	return true
 }
 
-func (t *Tracker) deleteSlice(s *discoveryv1.EndpointSlice) bool {
+func (t *Tracker) deleteSlice(s *Slice) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := nameOf(s)
@@ -212,30 +217,40 @@ func (t *Tracker) deleteSlice(s *discoveryv1.EndpointSlice) bool {
 // indexSlice files s under its Service and marks that Service dirty. A
 // slice whose label changed is unindexed from the old Service first, so
 // both get recomputed.
-func (t *Tracker) indexSlice(s *discoveryv1.EndpointSlice) {
+func (t *Tracker) indexSlice(s *Slice) {
 	sk, ok := sliceService(s)
 	if !ok {
 		t.orphans[nameOf(s)] = noServiceProblem(s)
 		return
 	}
-	if t.bySvc[sk] == nil {
-		t.bySvc[sk] = make(map[string]*discoveryv1.EndpointSlice)
-	}
-	t.bySvc[sk][s.Name] = s
+	t.bySvc[sk] = putSlice(t.bySvc[sk], s)
 	t.dirty[sk] = true
 }
 
-func (t *Tracker) unindexSlice(s *discoveryv1.EndpointSlice) {
+func (t *Tracker) unindexSlice(s *Slice) {
 	sk, ok := sliceService(s)
 	if !ok {
 		delete(t.orphans, nameOf(s))
 		return
 	}
-	delete(t.bySvc[sk], s.Name)
-	if len(t.bySvc[sk]) == 0 {
+	rest := slices.DeleteFunc(t.bySvc[sk], func(o *Slice) bool { return o.Name == s.Name })
+	if len(rest) == 0 {
 		delete(t.bySvc, sk)
+	} else {
+		t.bySvc[sk] = rest
 	}
 	t.dirty[sk] = true
+}
+
+// putSlice replaces the slice of s's name in list, or adds s.
+func putSlice(list []*Slice, s *Slice) []*Slice {
+	for i, o := range list {
+		if o.Name == s.Name {
+			list[i] = s
+			return list
+		}
+	}
+	return append(list, s)
 }
 
 func (t *Tracker) ours(n *v1.Node) bool {
@@ -343,7 +358,7 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 		}
 		return changed
 	}
-	ports, probs := t.env.service(svc, slices.Collect(maps.Values(t.bySvc[k])))
+	ports, probs := t.env.service(svc, t.bySvc[k])
 	prev := make(map[model.ServicePortName]*model.ServicePort, len(old))
 	for _, sp := range old {
 		prev[sp.Name] = sp
@@ -403,19 +418,19 @@ func sameService(a, b *v1.Service) bool {
 		}
 	}
 	return equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
-		equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
 		equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
 		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
 }
 
-func sameSlice(a, b *discoveryv1.EndpointSlice) bool {
+func sameSlice(a, b *Slice) bool {
 	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
 		return true
 	}
 	return a.AddressType == b.AddressType &&
-		equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
-		equality.Semantic.DeepEqual(a.Endpoints, b.Endpoints) &&
-		equality.Semantic.DeepEqual(a.Ports, b.Ports)
+		a.Service == b.Service && equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
+		reflect.DeepEqual(a.Endpoints, b.Endpoints) && // parsed by NewSlice: no nil/empty ambiguity
+		reflect.DeepEqual(a.Ports, b.Ports) &&
+		slices.Equal(a.Reasons, b.Reasons)
 }
 
 // sameNode compares only labels and addresses: Node status heartbeats

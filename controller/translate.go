@@ -34,8 +34,9 @@ import (
 func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.EndpointSlice, node *v1.Node) (*model.State, []Problem) {
 	e, probs := newEnv(&cfg, node)
 
-	bySvc := make(map[types.NamespacedName][]*discoveryv1.EndpointSlice)
-	for _, s := range slices {
+	bySvc := make(map[types.NamespacedName][]*Slice)
+	for _, api := range slices {
+		s := NewSlice(api)
 		k, ok := sliceService(s)
 		if !ok {
 			probs = append(probs, noServiceProblem(s))
@@ -67,12 +68,11 @@ func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.Endpoin
 
 // sliceService returns the Service an EndpointSlice belongs to, from the
 // kubernetes.io/service-name label (the only link kube-proxy uses).
-func sliceService(s *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
-	name := s.Labels[discoveryv1.LabelServiceName]
-	return types.NamespacedName{Namespace: s.Namespace, Name: name}, name != ""
+func sliceService(s *Slice) (types.NamespacedName, bool) {
+	return types.NamespacedName{Namespace: s.Namespace, Name: s.Service}, s.Service != ""
 }
 
-func noServiceProblem(s *discoveryv1.EndpointSlice) Problem {
+func noServiceProblem(s *Slice) Problem {
 	return sliceProblem(s, fmt.Sprintf("no %s label: slice ignored", discoveryv1.LabelServiceName))
 }
 
@@ -83,7 +83,7 @@ func serviceProblem(svc *v1.Service, reason string) Problem {
 // service translates one Service and its EndpointSlices into ServicePorts.
 // Services kube-proxy does not program (ExternalName, headless, another
 // proxy's) yield nothing and no Problem: they are not mistakes.
-func (e *env) service(svc *v1.Service, sl []*discoveryv1.EndpointSlice) ([]*model.ServicePort, []Problem) {
+func (e *env) service(svc *v1.Service, sl []*Slice) ([]*model.ServicePort, []Problem) {
 	if !e.cfg.selects(svc.Labels) || svc.Spec.Type == v1.ServiceTypeExternalName {
 		return nil, nil
 	}

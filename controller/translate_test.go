@@ -414,17 +414,25 @@ func TestTrimObject(t *testing.T) {
 		return out
 	}
 	tsvc := trim(svc.DeepCopy()).(*v1.Service)
-	tsl := trim(sl.DeepCopy()).(*discoveryv1.EndpointSlice)
+	tsl := trim(sl.DeepCopy()).(*Slice)
 	tnode := trim(node.DeepCopy()).(*v1.Node)
-	got, gotProbs := Translate(cfg, []*v1.Service{tsvc}, []*discoveryv1.EndpointSlice{tsl}, tnode)
-	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProbs, wantProbs) {
-		t.Errorf("trimmed objects translate differently:\n%+v\n%+v", got, want)
+	if again := trim(tsl); again != tsl {
+		t.Error("a Slice is transformed again")
+	}
+	tr := newTestTracker(t)
+	tr.OnServiceAdd(tsvc)
+	tr.OnSliceAdd(tsl)
+	tr.OnNodeAdd(tnode)
+	b := tr.Build()
+	got := *b.State
+	got.Generation, got.Delta = 0, nil
+	if !reflect.DeepEqual(&got, want) || !reflect.DeepEqual(b.Problems, wantProbs) {
+		t.Errorf("trimmed objects translate differently:\n%+v\n%+v", &got, want)
 	}
 	if tsvc.ManagedFields != nil || len(tsvc.Annotations) != 1 || tsvc.Annotations[AnnotationScheduler] != "rr" {
 		t.Errorf("service keeps managedFields %v, annotations %v", tsvc.ManagedFields, tsvc.Annotations)
 	}
-	if tsl.ManagedFields != nil || len(tsl.Annotations) != 1 || tsl.Endpoints[0].Hostname != nil ||
-		tsl.Endpoints[0].TargetRef.Name != "pod-a" || tsl.Endpoints[0].TargetRef.UID != "" {
+	if tsl.ManagedFields != nil || len(tsl.Annotations) != 1 || tsl.Endpoints[0].Extra == nil || tsl.Endpoints[0].Extra.Target != "pod-a" || tsl.Name != sl.Name || tsl.UID != sl.UID {
 		t.Errorf("slice keeps %v %v %+v", tsl.ManagedFields, tsl.Annotations, tsl.Endpoints[0])
 	}
 	if tnode.Status.Images != nil || len(tnode.Spec.Taints) != 1 || len(tnode.Status.Addresses) == 0 {

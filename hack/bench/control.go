@@ -223,7 +223,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	start, cpu0 := time.Now(), processCPU()
 	for i := range n {
 		tracker.OnServiceAdd(svcs[i])
-		tracker.OnEndpointSliceAdd(slicesByIdx[i])
+		tracker.OnSliceAdd(slicesByIdx[i])
 	}
 	res.Handlers = time.Since(start)
 	start = time.Now()
@@ -301,21 +301,16 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 		// the head's endpoint count says when the change is in the maps.
 		idx := (i / 2 * 7919) % n
 		old := slicesByIdx[idx]
-		next := old.DeepCopy()
 		want := uint16(backendsPerService)
 		if i%2 == 0 {
-			next.Endpoints = append(next.Endpoints, discoveryv1.Endpoint{
-				Addresses:  []string{addAddr(backendBase, 1+n*backendsPerService+i).String()},
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
-			})
 			want++
-		} else {
-			next.Endpoints = next.Endpoints[:backendsPerService]
 		}
-		next.ResourceVersion = strconv.Itoa(2 + i)
-		slicesByIdx[idx] = next
 		start := time.Now()
-		tracker.OnEndpointSliceUpdate(old, next)
+		// The informer's work is in the figure: the update arrives as
+		// an API object and is transformed.
+		next := informerCached(controlSlice(idx, int(want), strconv.Itoa(2+i))).(*controller.Slice)
+		slicesByIdx[idx] = next
+		tracker.OnSliceUpdate(old, next)
 		r.Run()
 		if err := waitCount(objs.XvsServices, vipOf(idx), want, syncErr); err != nil {
 			return res, fmt.Errorf("change %d: %w", i, err)
@@ -374,35 +369,57 @@ func htons(p uint16) uint16 { return p<<8 | p>>8 }
 
 // controlObjects are n Services (ClusterIP VIPs as in the per-packet
 // benchmark, port 80 to 8080) and one EndpointSlice each with 10 ready
-// endpoints; no endpoint is shared.
-func controlObjects(n int) ([]*v1.Service, []*discoveryv1.EndpointSlice) {
+// endpoints (no endpoint is shared), in the form the agent's informers
+// cache them: each object made as the API would send it, then passed
+// through controller.TrimObject, the informers' transform (which makes
+// EndpointSlices controller.Slices).
+func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 	svcs := make([]*v1.Service, n)
-	sls := make([]*discoveryv1.EndpointSlice, n)
+	sls := make([]*controller.Slice, n)
 	for i := range n {
-		name := "svc-" + strconv.Itoa(i)
 		vip := vipOf(i).String()
-		svcs[i] = &v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", ResourceVersion: "1"},
+		svc := &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: controlName(i), Namespace: "bench", ResourceVersion: "1"},
 			Spec: v1.ServiceSpec{
 				Type: v1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
 				Ports: []v1.ServicePort{{Name: "http", Port: servicePort, TargetPort: intstr.FromInt32(backendPort), Protocol: v1.ProtocolTCP}},
 			},
 		}
-		sl := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Namespace: "bench", ResourceVersion: "1",
-				Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(backendPort)), Protocol: ptr(v1.ProtocolTCP)}},
-		}
-		for j := range backendsPerService {
-			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
-				Addresses:  []string{addAddr(backendBase, 1+i*backendsPerService+j).String()},
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
-			})
-		}
-		sls[i] = sl
+		svcs[i] = informerCached(svc).(*v1.Service)
+		sls[i] = informerCached(controlSlice(i, backendsPerService, "1")).(*controller.Slice)
 	}
 	return svcs, sls
+}
+
+func controlName(i int) string { return "svc-" + strconv.Itoa(i) }
+
+// controlSlice is Service i's EndpointSlice with its 10 endpoints, plus
+// one when eps is 11 (the changes' extra endpoint, outside every other
+// Service's).
+func controlSlice(i, eps int, rv string) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: controlName(i) + "-1", Namespace: "bench", ResourceVersion: rv,
+			Labels: map[string]string{discoveryv1.LabelServiceName: controlName(i)}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(backendPort)), Protocol: ptr(v1.ProtocolTCP)}},
+	}
+	for j := range eps {
+		addr := addAddr(backendBase, 1+i*backendsPerService+j)
+		if j >= backendsPerService {
+			addr = addAddr(vipBase, -1-i) // below every VIP and backend
+		}
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{addr.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+		})
+	}
+	return sl
+}
+
+// informerCached is what the agent's informer cache holds for obj.
+func informerCached(obj any) any {
+	out, _ := controller.TrimObject(obj) // never fails
+	return out
 }
 
 // procStatus reads one "kB" line of /proc/self/status, in bytes.

@@ -1,0 +1,148 @@
+package controller
+
+import (
+	"fmt"
+	"net/netip"
+	"unique"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Slice is an EndpointSlice as the proxy keeps it: its metadata, and its
+// ports and endpoints parsed once, on arrival, down to what the
+// translation reads. An EndpointSlice of 10 endpoints takes about 2.9 KiB
+// as an API object and a quarter of that as a Slice, which is most of the
+// agent's memory in a large cluster: the informers cache Slices (see
+// TrimObject), and the Tracker keeps them.
+//
+// A Slice has an ObjectMeta, so the informers' cache can key it. Its
+// Labels keep only those the proxy reads (headless, service-proxy-name);
+// the Service's name is a field of its own.
+type Slice struct {
+	metav1.ObjectMeta
+	// Service is the kubernetes.io/service-name label ("": none).
+	Service     string
+	AddressType discoveryv1.AddressType
+	Ports       []slicePort
+	// Endpoints are those with a usable address of the slice's family
+	// (the first address, as kube-proxy uses).
+	Endpoints []SliceEndpoint
+	// Reasons say what was skipped, for the slice's Problem.
+	Reasons []string
+}
+
+// SliceEndpoint is one endpoint of a Slice, with the discovery/v1
+// condition defaults applied exactly as kube-proxy does: ready and serving
+// nil mean true, terminating nil means false. (The v1beta1 docs said
+// serving nil defers to ready; v1 and kube-proxy say true. It only matters
+// for a not-ready terminating endpoint without a serving field.)
+type SliceEndpoint struct {
+	Addr                        netip.Addr
+	Ready, Serving, Terminating bool
+	// NodeName is interned: a million endpoints share a few hundred
+	// node names.
+	NodeName unique.Handle[string]
+	// Extra holds what most endpoints lack (nil: none).
+	Extra *SliceEndpointExtra
+}
+
+// SliceEndpointExtra is the rarer part of an endpoint.
+type SliceEndpointExtra struct {
+	// Target is the targetRef's name (the pod), for weights.
+	Target string
+	// Zones and Nodes are the topology hints.
+	Zones, Nodes []string
+}
+
+// noNode is the NodeName of an endpoint without one.
+var noNode = unique.Make("")
+
+// Node is the endpoint's nodeName ("": none).
+func (e *SliceEndpoint) Node() string { return e.NodeName.Value() }
+
+func (e *SliceEndpoint) extra() *SliceEndpointExtra {
+	if e.Extra == nil {
+		e.Extra = &SliceEndpointExtra{}
+	}
+	return e.Extra
+}
+
+// proxyLabels keeps the labels the proxy reads of a slice (Config.selects).
+func proxyLabels(l map[string]string) map[string]string {
+	var out map[string]string
+	for _, k := range []string{v1.IsHeadlessService, LabelServiceProxyName} {
+		if v, ok := l[k]; ok {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// NewSlice parses an EndpointSlice. Only IPv4 and IPv6 slices carry
+// endpoints (FQDN slices are for DNS, and other types are reported).
+func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
+	out := &Slice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
+			Labels: proxyLabels(s.Labels), Annotations: s.Annotations, DeletionTimestamp: s.DeletionTimestamp,
+		},
+		Service:     s.Labels[discoveryv1.LabelServiceName],
+		AddressType: s.AddressType,
+	}
+	var fam int
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		fam = 0
+	case discoveryv1.AddressTypeIPv6:
+		fam = 1
+	default:
+		return out
+	}
+	var reasons []string
+	out.Ports, reasons = parseSlicePorts(s)
+	out.Endpoints = make([]SliceEndpoint, 0, len(s.Endpoints))
+	for i, e := range s.Endpoints {
+		if len(e.Addresses) == 0 {
+			reasons = append(reasons, fmt.Sprintf("endpoint %d has no address: skipped", i))
+			continue
+		}
+		addr, err := parseAddr(e.Addresses[0])
+		if err != nil {
+			reasons = append(reasons, fmt.Sprintf("endpoint %d: %v: skipped", i, err))
+			continue
+		}
+		if familyIndex(addr) != fam {
+			reasons = append(reasons, fmt.Sprintf("endpoint %d: address %s is not %s: skipped", i, addr, s.AddressType))
+			continue
+		}
+		ep := SliceEndpoint{
+			Addr:        addr,
+			Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
+			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+			NodeName:    noNode,
+		}
+		if e.NodeName != nil {
+			ep.NodeName = unique.Make(*e.NodeName)
+		}
+		if e.TargetRef != nil && e.TargetRef.Name != "" {
+			ep.extra().Target = e.TargetRef.Name
+		}
+		if h := e.Hints; h != nil {
+			for _, z := range h.ForZones {
+				ep.extra().Zones = append(ep.extra().Zones, z.Name)
+			}
+			for _, n := range h.ForNodes {
+				ep.extra().Nodes = append(ep.extra().Nodes, n.Name)
+			}
+		}
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	out.Reasons = reasons
+	return out
+}
