@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/config"
@@ -178,12 +180,30 @@ func adjustOOMScore(log *slog.Logger, v int32) {
 	log.Debug("OOM score adjusted", "oomScoreAdj", v)
 }
 
+// setMemoryLimit gives the Go garbage collector a soft limit of 90% of the
+// container's memory limit (cgroup memory.max), so that a large cluster's
+// full sync collects harder instead of being OOM-killed. GOMEMLIMIT (or
+// AUTOMEMLIMIT=off) in the environment takes precedence; without a limit
+// it changes nothing.
+func setMemoryLimit(log *slog.Logger) {
+	limit, err := memlimit.Set(memlimit.WithProvider(memlimit.FromCgroup), memlimit.WithRatio(0.9))
+	switch {
+	case errors.Is(err, memlimit.ErrNoLimit) || (err == nil && limit == math.MaxInt64):
+		log.Debug("No memory limit: the Go garbage collector runs with its defaults")
+	case err != nil:
+		log.Warn("Cannot read the container's memory limit; the Go garbage collector runs with its defaults", "err", err)
+	default:
+		log.Info("Go memory limit set from the container's", "bytes", limit)
+	}
+}
+
 // agent runs the proxy until ctx ends. It leaves the datapath in place when
 // it exits: pinned maps and links keep serving traffic across a restart or
 // an upgrade, and `xvs cleanup` (or --cleanup) is the way to remove them.
 func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlags, ccfg controller.Config) error {
 	c := &o.Config
 	adjustOOMScore(log, *c.OOMScoreAdj)
+	setMemoryLimit(log)
 	sel := loader.DeviceSelector{Patterns: splitList(o.Devices), XDP: splitList(o.XDPDevices)}
 	if err := sel.Validate(); err != nil {
 		return err

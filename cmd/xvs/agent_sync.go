@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -23,8 +24,10 @@ type syncerConfig struct {
 	dp         syncDatapath
 	metrics    *xmetrics.Metrics
 	syncPeriod time.Duration
-	ccfg       controller.Config
-	kube       *kubeClient // nil with the file source
+	// fullSyncPeriod is how often a full sync runs (0: an hour).
+	fullSyncPeriod time.Duration
+	ccfg           controller.Config
+	kube           *kubeClient // nil with the file source
 }
 
 // syncer is the body of the sync loop: Tracker.Build, Datapath.Sync, then
@@ -66,6 +69,9 @@ type trigger struct {
 }
 
 func newSyncer(cfg syncerConfig) *syncer {
+	if cfg.fullSyncPeriod == 0 {
+		cfg.fullSyncPeriod = defaultFullSyncPeriod
+	}
 	s := &syncer{syncerConfig: cfg, reported: map[controller.Problem]bool{}, dpProbs: map[string]bool{}}
 	m := cfg.metrics
 	// kube-proxy's health timeout is twice syncPeriod.
@@ -127,16 +133,23 @@ func (s *syncer) queued() {
 	}
 }
 
-// fullRewritePeriod bounds how long a datapath entry changed behind the
-// agent's back can survive.
-const fullRewritePeriod = time.Hour
+// defaultFullSyncPeriod is kube-proxy's FullSyncPeriod: how often every
+// Service is re-evaluated and every datapath entry rewritten, which bounds
+// how long an entry changed behind the agent's back can survive.
+const defaultFullSyncPeriod = time.Hour
 
-// sync builds the State and applies it. A full sync is forced at start (the
+// sync builds the State and applies it. A full sync (every Service
+// translated again, every datapath entry rewritten) runs at start (the
 // Tracker's first Build), after a failure, on a Node change (both by the
-// Tracker) and every syncPeriod (here).
+// Tracker) and every fullSyncPeriod (here). Every other run, at each change
+// and at least every syncPeriod, is partial: the datapath gets the State
+// and applies what changed (in ebpf mode O(changed), nothing at all when
+// nothing changed, beyond retrying what a full map refused; in ipvs mode a
+// comparison with the kernel's tables, which restores what was removed
+// behind the agent's back).
 func (s *syncer) sync(ctx context.Context) error {
 	start := time.Now()
-	if s.lastFull.IsZero() || start.Sub(s.lastFull) >= s.syncPeriod {
+	if s.lastFull.IsZero() || start.Sub(s.lastFull) >= s.fullSyncPeriod {
 		s.tracker.ForceFullSync()
 	}
 	// Changes counted before Build are in this State; later ones wait
@@ -149,30 +162,31 @@ func (s *syncer) sync(ctx context.Context) error {
 
 	b := s.tracker.Build()
 	s.reportProblems(b.Problems)
-	if b.Full && start.Sub(s.lastRewrite) >= fullRewritePeriod {
-		// A periodic full sync re-evaluates every Service; once an hour
-		// (kube-proxy's iptables fullSyncPeriod) the datapath also
-		// rewrites every entry, repairing maps changed behind our back.
+	if b.Full && start.Sub(s.lastRewrite) >= s.fullSyncPeriod {
+		// The datapath rewrites every entry too, repairing maps changed
+		// behind our back.
 		if f, ok := s.dp.(interface{ ForceFullSync() }); ok {
 			f.ForceFullSync()
 		}
 		s.lastRewrite = start
 	}
-	if b.Changed || b.Full {
-		if err := s.dp.Sync(ctx, b.State); err != nil {
-			s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
-			s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
-			s.tracker.ForceFullSync()
-			s.mu.Lock()
-			s.triggers = append(triggers, s.triggers...)
-			s.mu.Unlock()
-			return err
-		}
-		s.reportDatapathProblems(s.dp.Problems())
+	if err := s.dp.Sync(ctx, b.State); err != nil {
+		s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
+		s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
+		s.tracker.ForceFullSync()
+		s.mu.Lock()
+		s.triggers = append(triggers, s.triggers...)
+		s.mu.Unlock()
+		return err
 	}
+	s.reportDatapathProblems(s.dp.Problems())
 	end := time.Now()
 	if b.Full {
 		s.lastFull = end
+		// A full sync translated every Service again: hand the garbage
+		// back to the system now rather than keep it until the next
+		// collection (at 100k Services, hundreds of MiB).
+		debug.FreeOSMemory()
 	}
 	took := end.Sub(start)
 	s.summary.update(b.State)
