@@ -12,6 +12,8 @@ func TestReport(t *testing.T) {
 		{Name: "c", Status: StatusMalformed, Error: "unknown field \"x\""},
 		{Name: "d", Sections: []string{"3.20"}, Status: StatusFail, Probes: []ProbeResult{{Probe: "p", Pass: true},
 			{Probe: "agent /healthz", Agent: true}, {Probe: "agent /livez", Agent: true, Pass: true}}},
+		{Name: "e", Sections: []string{"3.5"}, Status: StatusFail, Probes: []ProbeResult{{Probe: "p", Pass: true},
+			{Probe: "agent /metrics sync", Agent: true}}},
 	}}
 	ipvs := &Results{Mode: ModeIPVS, Kernel: "6.1", Scenarios: []ScenarioResult{
 		{Name: "a", Sections: []string{"3.10", "3.2"}, Status: StatusSkip},
@@ -28,6 +30,8 @@ func TestReport(t *testing.T) {
 		"| agent /healthz | 0/1 | 0/0 |",
 		"| agent /livez | 1/1 ✅ | 0/0 |",
 		"| 3.20 Health endpoints | 0/1 (2/3) | 0/0 (0/0) |",
+		"| 3.5 LoadBalancer ingress IPs | 1/1 (1/1) ✅ | 0/0 (0/0) |", // its failing check is 3.21's
+		"| agent /metrics sync | 0/1 | 0/0 |",
 		"ebpf @ 6.12", "ipvs @ 6.1",
 	} {
 		if !strings.Contains(md, want) {
