@@ -72,7 +72,8 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 		last := control[len(control)-1]
 		fmt.Fprintf(b, "| control plane: full sync of %d Services x %d endpoints <= %v | wall %v, CPU %v | wall %s, CPU %s |\n", last.N, backendsPerService,
 			goalSyncTime, last.Total().Round(time.Millisecond), last.CPU.Round(time.Millisecond), yesNo(last.Total() <= goalSyncTime), yesNo(last.CPU <= goalSyncTime))
-		fmt.Fprintf(b, "| control plane: RSS at %d Services <= %d MiB | peak %.0f MiB | %s |\n", last.N, goalRSS>>20, float64(last.HWM)/(1<<20), yesNo(last.HWM <= goalRSS))
+		fmt.Fprintf(b, "| control plane: RSS at %d Services <= %d MiB | after the sync %.0f MiB, peak %.0f MiB | after %s, peak %s |\n", last.N, goalRSS>>20,
+			float64(last.RSS)/(1<<20), float64(last.HWM)/(1<<20), yesNo(last.RSS <= goalRSS), yesNo(last.HWM <= goalRSS))
 		if len(last.Changes) > 0 {
 			s := slices.Sorted(slices.Values(last.Changes))
 			fmt.Fprintf(b, "| control plane: one EndpointSlice change to the maps at %d Services, p99 <= %v | p50 %v, p99 %v | %s |\n", last.N, goalChangeP99,
