@@ -46,7 +46,9 @@ type manifestObject struct {
 	key  objectKey
 	file string
 	doc  int
-	obj  runtime.Object // *v1.Service, *discoveryv1.EndpointSlice or *v1.Node
+	// obj is what the informers would cache (TrimObject): a *v1.Service,
+	// a *Slice or a *v1.Node.
+	obj any
 }
 
 // decodeManifests decodes every YAML (or JSON) document of one file, what
@@ -159,7 +161,8 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 	// Tracker take an edited manifest for a no-op: it is meaningless here.
 	m.SetResourceVersion("")
 	key := objectKey{kind: kind, NamespacedName: nameOf(m)}
-	d.objs = append(d.objs, manifestObject{key: key, file: d.file, doc: d.doc, obj: obj})
+	cached, _ := TrimObject(obj) // never fails
+	d.objs = append(d.objs, manifestObject{key: key, file: d.file, doc: d.doc, obj: cached})
 	return objectString(key)
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/fsnotify/fsnotify"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Handler receives object events. *Tracker implements it; client-go
@@ -28,6 +27,11 @@ type Handler interface {
 	OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) bool
 	OnEndpointSliceUpdate(old, s *discoveryv1.EndpointSlice) bool
 	OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool
+	// OnSliceAdd and friends take EndpointSlices already parsed: both
+	// sources keep them as Slices (see TrimObject).
+	OnSliceAdd(s *Slice) bool
+	OnSliceUpdate(old, s *Slice) bool
+	OnSliceDelete(s *Slice) bool
 	OnNodeAdd(n *v1.Node) bool
 	OnNodeUpdate(old, n *v1.Node) bool
 	OnNodeDelete(n *v1.Node) bool
@@ -265,14 +269,14 @@ func (s *FileSource) apply(next map[objectKey]manifestObject) bool {
 
 // dispatch calls the Handler method for an add (old nil), an update, or a
 // delete (obj nil, old is the object deleted).
-func (s *FileSource) dispatch(obj, old runtime.Object) bool {
+func (s *FileSource) dispatch(obj, old any) bool {
 	switch {
 	case old == nil:
 		switch o := obj.(type) {
 		case *v1.Service:
 			return s.h.OnServiceAdd(o)
-		case *discoveryv1.EndpointSlice:
-			return s.h.OnEndpointSliceAdd(o)
+		case *Slice:
+			return s.h.OnSliceAdd(o)
 		case *v1.Node:
 			return s.h.OnNodeAdd(o)
 		}
@@ -280,8 +284,8 @@ func (s *FileSource) dispatch(obj, old runtime.Object) bool {
 		switch o := old.(type) {
 		case *v1.Service:
 			return s.h.OnServiceDelete(o)
-		case *discoveryv1.EndpointSlice:
-			return s.h.OnEndpointSliceDelete(o)
+		case *Slice:
+			return s.h.OnSliceDelete(o)
 		case *v1.Node:
 			return s.h.OnNodeDelete(o)
 		}
@@ -289,8 +293,8 @@ func (s *FileSource) dispatch(obj, old runtime.Object) bool {
 		switch o := obj.(type) {
 		case *v1.Service:
 			return s.h.OnServiceUpdate(old.(*v1.Service), o)
-		case *discoveryv1.EndpointSlice:
-			return s.h.OnEndpointSliceUpdate(old.(*discoveryv1.EndpointSlice), o)
+		case *Slice:
+			return s.h.OnSliceUpdate(old.(*Slice), o)
 		case *v1.Node:
 			return s.h.OnNodeUpdate(old.(*v1.Node), o)
 		}

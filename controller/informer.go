@@ -59,7 +59,7 @@ type Event struct {
 // API counterpart of FileSource; both call the same Handler methods.
 type InformerSource struct {
 	client kubernetes.Interface
-	h      InformerHandler
+	h      Handler
 	cfg    InformerConfig
 	log    *slog.Logger
 
@@ -72,16 +72,7 @@ type InformerSource struct {
 }
 
 // NewInformerSource returns a source; nothing is watched until Start.
-// InformerHandler is a Handler that also takes EndpointSlices already
-// parsed: the informers cache them as Slices (TrimObject).
-type InformerHandler interface {
-	Handler
-	OnSliceAdd(s *Slice) bool
-	OnSliceUpdate(old, s *Slice) bool
-	OnSliceDelete(s *Slice) bool
-}
-
-func NewInformerSource(client kubernetes.Interface, h InformerHandler, cfg InformerConfig, log *slog.Logger) *InformerSource {
+func NewInformerSource(client kubernetes.Interface, h Handler, cfg InformerConfig, log *slog.Logger) *InformerSource {
 	return &InformerSource{client: client, h: h, cfg: cfg, log: log}
 }
 

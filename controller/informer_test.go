@@ -327,7 +327,7 @@ func TestInformerServiceProxyName(t *testing.T) {
 func TestInformerNoEventsBeforeSync(t *testing.T) {
 	w := newInformerWorld(t, testConfig(), newSvc("web"), newSliceObj("web", "web-1", "10.0.0.1"))
 	release := make(chan struct{})
-	w.src.h = blockingHandler{InformerHandler: w.tracker, serviceAdd: release}
+	w.src.h = blockingHandler{Handler: w.tracker, serviceAdd: release}
 	started := make(chan error, 1)
 	go func() { started <- w.src.Start(w.ctx, w.record) }()
 
@@ -375,7 +375,7 @@ func TestInformerNoEventsBeforeSync(t *testing.T) {
 // blockingHandler holds OnServiceAdd (and OnNodeAdd) until its channel
 // closes, keeping that informer's registration unsynced.
 type blockingHandler struct {
-	InformerHandler
+	Handler
 	serviceAdd, nodeAdd chan struct{}
 }
 
@@ -383,14 +383,14 @@ func (b blockingHandler) OnServiceAdd(svc *v1.Service) bool {
 	if b.serviceAdd != nil {
 		<-b.serviceAdd
 	}
-	return b.InformerHandler.OnServiceAdd(svc)
+	return b.Handler.OnServiceAdd(svc)
 }
 
 func (b blockingHandler) OnNodeAdd(n *v1.Node) bool {
 	if b.nodeAdd != nil {
 		<-b.nodeAdd
 	}
-	return b.InformerHandler.OnNodeAdd(n)
+	return b.Handler.OnNodeAdd(n)
 }
 
 // TestInformerStartCancelled: Start gives up with an error when its context
@@ -399,7 +399,7 @@ func TestInformerStartCancelled(t *testing.T) {
 	w := newInformerWorld(t, testConfig(), testNodeObj(nil, "192.0.2.1"))
 	block := make(chan struct{})
 	defer close(block)
-	w.src.h = blockingHandler{InformerHandler: w.tracker, nodeAdd: block}
+	w.src.h = blockingHandler{Handler: w.tracker, nodeAdd: block}
 	ctx, cancel := context.WithTimeout(w.ctx, 200*time.Millisecond)
 	defer cancel()
 	err := w.src.Start(ctx, nil)
