@@ -68,6 +68,10 @@ func measureAgentProcess(ctx context.Context, opts Options, bin string) ([]agent
 	return out, nil
 }
 
+// agentSettle is how long after the last Service appears in the maps the
+// agent's RSS is read.
+const agentSettle = 2 * time.Second
+
 // agentServiceCIDR holds every VIP of the benchmark (vipBase, up to a
 // million Services); /12 is the widest range the API server takes.
 const agentServiceCIDR = "172.16.0.0/12"
@@ -166,6 +170,9 @@ func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentRe
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The agent hands the full sync's garbage back right after its last
+	// write: read RSS once that is done.
+	time.Sleep(agentSettle)
 	status := filepath.Join("/proc", strconv.Itoa(p.Pid()), "status")
 	if res.RSS, err = statusField(status, "VmRSS"); err != nil {
 		return res, err

@@ -478,8 +478,8 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.99).Round(time.Microsecond*10), controlMinSync)
 	}
 	if len(agent) > 0 {
-		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size), fed N Services and their EndpointSlices (%d endpoints each) two ways: through the real watcher path (source `api`: a kube-apiserver v1.37 with embedded etcd from lab/kubeapi holds the objects, written before the agent starts; the agent lists and watches them with its informers, as in a cluster), and through the file source (source `file`: one manifest file, read and decoded by the agent). Ready is the time from the process's start to every Service's head in the pinned map; memory is the process's then.\n\n",
-			backendsPerService)
+		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size), fed N Services and their EndpointSlices (%d endpoints each) two ways: through the real watcher path (source `api`: a kube-apiserver v1.37 with embedded etcd from lab/kubeapi holds the objects, written before the agent starts; the agent lists and watches them with its informers, as in a cluster), and through the file source (source `file`: one manifest file, read and decoded by the agent). Ready is the time from the process's start to every Service's head in the pinned map; RSS is the process's %v later (once it has handed the sync's garbage back), peak its VmHWM.\n\n",
+			backendsPerService, agentSettle)
 		fmt.Fprintf(&b, "| Source | Services | Backends | Ready after | RSS (MiB) | Peak RSS (MiB) | Objects written in |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, a := range agent {
 			created := "–"
