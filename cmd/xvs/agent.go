@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/controller"
 	"github.com/xvs-lb/xvs/controller/runner"
+	"github.com/xvs-lb/xvs/healthcheck"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
@@ -287,7 +289,7 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 		}
 		kube.birthCry(string(c.Mode))
 	} else {
-		src := controller.NewFileSource(o.Objects, tracker, log)
+		src := controller.NewFileSource(o.Objects, nodeHealthHandler{Handler: tracker, health: s.health, node: ccfg.NodeName}, log)
 		if _, err := src.Load(); err != nil {
 			return fmt.Errorf("read %s: %w", o.Objects, err)
 		}
@@ -311,4 +313,39 @@ func sourceName(o *config.Options) string {
 		return "objects:" + o.Objects
 	}
 	return "kubernetes"
+}
+
+// nodeHealthHandler hands this node's Node from the file source to
+// /healthz as well as to the Tracker, as the informer source's events do:
+// a Node being deleted, or tainted ToBeDeletedByClusterAutoscaler, makes
+// the node ineligible.
+type nodeHealthHandler struct {
+	controller.Handler
+	health *healthcheck.ProxyHealth
+	node   string
+}
+
+func (h nodeHealthHandler) syncNode(n *v1.Node, deleted bool) {
+	if n == nil || n.Name != h.node {
+		return
+	}
+	if deleted {
+		n = nil
+	}
+	h.health.SyncNode(n)
+}
+
+func (h nodeHealthHandler) OnNodeAdd(n *v1.Node) bool {
+	h.syncNode(n, false)
+	return h.Handler.OnNodeAdd(n)
+}
+
+func (h nodeHealthHandler) OnNodeUpdate(old, n *v1.Node) bool {
+	h.syncNode(n, false)
+	return h.Handler.OnNodeUpdate(old, n)
+}
+
+func (h nodeHealthHandler) OnNodeDelete(n *v1.Node) bool {
+	h.syncNode(n, true)
+	return h.Handler.OnNodeDelete(n)
 }
