@@ -44,52 +44,79 @@ const (
 	httpRetryWait = 3 * time.Second // a server not listening yet is retried this long
 )
 
-// agentChecks runs the checks and reports one line each.
+// agentChecks runs the checks and reports one line each. The agent
+// updates its metrics just after the datapath write the sentinel sees, so
+// a check that does not match yet is asked again for up to settleTime;
+// the line shows the last answer.
 func (r *scenarioRun) agentChecks() {
 	w := r.w
 	exp := expectAgent(w.objs, w.sc)
+	get := func(addr, path string) (int, []byte, error) { return nsGet(w.node.NS, "http://"+addr+path) }
 
-	code, body, err := nsGet(w.node.NS, "http://"+healthzAddr+"/livez")
-	r.agentReport(checkLivez, "200", httpObserved(code, body, err, false), "", err == nil && code == http.StatusOK)
+	r.agentReport(checkLivez, "200", func() (string, bool) {
+		code, body, err := get(healthzAddr, "/livez")
+		return httpObserved(code, body, err, false), err == nil && code == http.StatusOK
+	})
 
 	want := "200 nodeEligible=true"
 	if !exp.eligible {
 		want = "503 nodeEligible=false"
 	}
-	want += " (" + exp.why + ")"
-	code, body, err = nsGet(w.node.NS, "http://"+healthzAddr+"/healthz")
-	obs, pass := judgeHealthz(code, body, err, exp.eligible)
-	r.agentReport(checkHealthz, want, obs, "", pass)
+	r.agentReport(checkHealthz, want+" ("+exp.why+")", func() (string, bool) {
+		code, body, err := get(healthzAddr, "/healthz")
+		return judgeHealthz(code, body, err, exp.eligible)
+	})
 
-	code, body, err = nsGet(w.node.NS, "http://"+metricsAddr+"/proxyMode")
-	mode := strings.TrimSpace(string(body))
-	r.agentReport(checkMode, "200 "+r.opts.Mode, httpObserved(code, body, err, true), "", err == nil && code == http.StatusOK && mode == r.opts.Mode)
+	r.agentReport(checkMode, "200 "+r.opts.Mode, func() (string, bool) {
+		code, body, err := get(metricsAddr, "/proxyMode")
+		return httpObserved(code, body, err, true), err == nil && code == http.StatusOK && strings.TrimSpace(string(body)) == r.opts.Mode
+	})
 
-	code, body, err = nsGet(w.node.NS, "http://"+metricsAddr+"/metrics")
-	if err != nil || code != http.StatusOK {
-		o := httpObserved(code, body, err, false)
-		r.agentReport(checkSync, "last_timestamp>0 duration_count>0", o, "", false)
-		r.agentReport(checkNoLocal, exp.noLocal.String(), o, "", false)
-		return
-	}
-	m := parseMetrics(body)
-	ts := m.max("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
-	n := m.max("kubeproxy_sync_proxy_rules_duration_seconds_count")
-	r.agentReport(checkSync, "last_timestamp>0 duration_count>0",
-		fmt.Sprintf("last_timestamp=%s duration_count=%s", fmtMetric(ts), fmtMetric(n)), "", ts > 0 && n > 0)
-
-	got := noLocalCounts{}
-	for _, s := range m.series("kubeproxy_sync_proxy_rules_no_local_endpoints_total") {
-		if s.value != 0 {
-			got[[2]string{s.labels["traffic_policy"], s.labels["ip_family"]}] = int(s.value)
+	metrics := func(judge func(m metricsText) (string, bool)) func() (string, bool) {
+		return func() (string, bool) {
+			code, body, err := get(metricsAddr, "/metrics")
+			if err != nil || code != http.StatusOK {
+				return httpObserved(code, body, err, false), false
+			}
+			return judge(parseMetrics(body))
 		}
 	}
-	r.agentReport(checkNoLocal, exp.noLocal.String(), got.String(), "", got.String() == exp.noLocal.String())
+	r.agentReport(checkSync, "last_timestamp>0 duration_count>0", metrics(func(m metricsText) (string, bool) {
+		ts := m.max("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		n := m.max("kubeproxy_sync_proxy_rules_duration_seconds_count")
+		return fmt.Sprintf("last_timestamp=%s duration_count=%s", fmtMetric(ts), fmtMetric(n)), ts > 0 && n > 0
+	}))
+	r.agentReport(checkNoLocal, exp.noLocal.String(), metrics(func(m metricsText) (string, bool) {
+		got := noLocalCounts{}
+		for _, s := range m.series("kubeproxy_sync_proxy_rules_no_local_endpoints_total") {
+			if s.value != 0 {
+				got[[2]string{s.labels["traffic_policy"], s.labels["ip_family"]}] = int(s.value)
+			}
+		}
+		return got.String(), got.String() == exp.noLocal.String()
+	}))
 }
 
-// agentReport reports one check line, marked as an agent check.
-func (r *scenarioRun) agentReport(name, expected, observed, why string, pass bool) {
-	r.report(0, name, expected, observed, why, pass)
+// settleTime bounds how long a check that does not match is asked again.
+const settleTime = 2 * time.Second
+
+// settle runs check until it passes or settleTime has passed.
+func settle(check func() (string, bool)) (string, bool) {
+	deadline := time.Now().Add(settleTime)
+	for {
+		obs, pass := check()
+		if pass || time.Now().After(deadline) {
+			return obs, pass
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// agentReport settles one check and reports its line, marked as an agent
+// check.
+func (r *scenarioRun) agentReport(name, expected string, check func() (string, bool)) {
+	observed, pass := settle(check)
+	r.report(0, name, expected, observed, "", pass)
 	r.res.Probes[len(r.res.Probes)-1].Agent = true
 }
 
