@@ -14,9 +14,11 @@
  *      unallocated service address (DROP);
  *   4. anything else: passed untouched.
  * A rewritten packet is forwarded straight to its egress interface
- * (bpf_fib_lookup + bpf_redirect_neigh), so no netfilter rule is involved
- * and a masqueraded packet, whose source is now a node address, never
- * meets the stack's martian-source check. */
+ * (bpf_fib_lookup, then bpf_redirect with the neighbour's MAC, or
+ * bpf_redirect_neigh with the next hop when the neighbour is not resolved
+ * yet), so no netfilter rule is involved and a masqueraded packet, whose
+ * source is now a node address, never meets the stack's martian-source
+ * check. */
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -50,7 +52,11 @@ static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *
 
 /* Send a rewritten packet to where its new destination routes. Falls back
  * to the stack (TC_ACT_OK) for local destinations and anything the FIB
- * cannot answer. The TTL (hop limit) drops by one, as forwarding does. */
+ * cannot answer. The TTL (hop limit) drops by one, as forwarding does.
+ * The route is looked up once: with the neighbour resolved, the FIB's MACs
+ * go into the Ethernet header and bpf_redirect sends it; without, the next
+ * hop goes to bpf_redirect_neigh, which resolves it (and would otherwise
+ * route the packet a second time). */
 static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw)
 {
 	struct bpf_fib_lookup fib = {
@@ -92,7 +98,22 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 		if (bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old, new, sizeof(new)))
 			return TC_ACT_SHOT;
 	}
-	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
+		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib.ifindex, 0);
+	}
+
+	/* The lookup left the next hop (gateway or destination) in the
+	 * destination field of the next hop's family. */
+	struct bpf_redir_neigh nh = {.nh_family = fib.family};
+
+	if (fib.family == AF_INET6)
+		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
+	else
+		nh.ipv4_nh = fib.ipv4_dst;
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 }
 
 /* Apply a rewrite: source first, then destination (each helper updates
