@@ -53,16 +53,12 @@ func collectEndpoints(cfg *Config, sl []*Slice) (map[slicePortKey]*familyEndpoin
 		if !cfg.selects(s.Labels) {
 			continue
 		}
-		var fam int
-		switch s.AddressType {
-		case discoveryv1.AddressTypeIPv4:
-			fam = 0
-		case discoveryv1.AddressTypeIPv6:
-			fam = 1
-		case discoveryv1.AddressTypeFQDN:
-			continue
-		default:
-			probs = append(probs, sliceProblem(s, fmt.Sprintf("addressType %q is not IPv4 or IPv6: slice ignored", s.AddressType)))
+		fam, ok := addressFamily(s.AddressType)
+		if !ok {
+			// FQDN slices are for DNS; anything else is a mistake.
+			if s.AddressType != discoveryv1.AddressTypeFQDN {
+				probs = append(probs, sliceProblem(s, fmt.Sprintf("addressType %q is not IPv4 or IPv6: slice ignored", s.AddressType)))
+			}
 			continue
 		}
 		if len(s.Reasons) > 0 {

@@ -94,13 +94,8 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 		Service:     s.Labels[discoveryv1.LabelServiceName],
 		AddressType: s.AddressType,
 	}
-	var fam int
-	switch s.AddressType {
-	case discoveryv1.AddressTypeIPv4:
-		fam = 0
-	case discoveryv1.AddressTypeIPv6:
-		fam = 1
-	default:
+	fam, ok := addressFamily(s.AddressType)
+	if !ok {
 		return out
 	}
 	var reasons []string
@@ -145,4 +140,16 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 	}
 	out.Reasons = reasons
 	return out
+}
+
+// addressFamily is the family index (0 IPv4, 1 IPv6) of a slice's address
+// type; false for FQDN and unknown types.
+func addressFamily(t discoveryv1.AddressType) (int, bool) {
+	switch t {
+	case discoveryv1.AddressTypeIPv4:
+		return 0, true
+	case discoveryv1.AddressTypeIPv6:
+		return 1, true
+	}
+	return 0, false
 }
