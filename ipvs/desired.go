@@ -138,7 +138,7 @@ func buildDesired(st *model.State, defScheduler string, localAddrs map[netip.Add
 			if f.Kind == model.LoadBalancer {
 				vs.SourceRanges = sp.SourceRangesFor(k.Addr)
 			}
-			for _, e := range sp.EndpointsForFrontend(f) {
+			for _, e := range realsFor(sp, f) {
 				w := int(e.Weight)
 				if w == 0 {
 					w = 1
@@ -163,6 +163,30 @@ func buildDesired(st *model.State, defScheduler string, localAddrs map[netip.Add
 		}
 	}
 	return d
+}
+
+// realsFor returns the endpoints of frontend f's virtual server: those of
+// its policy and family, as EndpointsForFrontend; but when the policy is
+// Local and no local endpoint of the family exists, the cluster endpoints
+// of the family, as kube-proxy's IPVS proxier does (syncEndpoint, PR
+// #97081: "allow access from local PODs even if no local endpoints
+// exist"; SEMANTICS 3.8 and 3.23). The cluster set is empty when the
+// Service does not use it (iTP=Local on a Service not reachable from
+// outside), and the virtual server then has no real servers, which the
+// kernel answers with ICMP port-unreachable (SEMANTICS 3.9, 3.12).
+func realsFor(sp *model.ServicePort, f model.Frontend) []model.Endpoint {
+	eps := sp.EndpointsForFrontend(f)
+	local := (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal)
+	if len(eps) > 0 || !local {
+		return eps
+	}
+	var out []model.Endpoint
+	for _, e := range sp.ClusterEndpoints {
+		if e.Addr.Unmap().Is4() == f.Addr.Unmap().Is4() {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // sortedKeys returns the virtual servers in address order (stable output

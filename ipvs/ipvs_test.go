@@ -495,6 +495,33 @@ func TestPolicyAndConflicts(t *testing.T) {
 	}
 }
 
+// TestLocalFallback: as kube-proxy's IPVS proxier (#97081), a Local policy
+// without a local endpoint of the frontend's family falls back to the
+// cluster endpoints of that family; with no cluster set either (iTP=Local
+// on a Service not reachable from outside) the virtual server stays empty.
+func TestLocalFallback(t *testing.T) {
+	remote := ep(ep2, false)
+	remote6 := ep(netip.MustParseAddr("fd00:10::2"), false)
+	sp := webPort(remote, remote6)
+	sp.ExternalLocal, sp.InternalLocal = true, true
+	sp.LocalEndpoints = nil
+	d := buildDesired(state(sp), "", nil)
+	for _, k := range []vsKey{key(nodeIP, model.TCP, 30080), key(vip, model.TCP, 80)} {
+		vs := d.Servers[k]
+		if vs == nil || len(vs.Reals) != 1 || vs.Reals[rsKey{ep2, 8080}] == 0 {
+			t.Errorf("%s: reals %v, want the IPv4 cluster endpoint %s", k, vs, ep2)
+		}
+	}
+	if d.Servers[key(nodeIP, model.TCP, 30080)].Masquerade {
+		t.Error("eTP=Local fallback masqueraded")
+	}
+	sp.ClusterEndpoints = nil
+	d = buildDesired(state(sp), "", nil)
+	if vs := d.Servers[key(vip, model.TCP, 80)]; len(vs.Reals) != 0 {
+		t.Errorf("no cluster set: reals %v, want none", vs.Reals)
+	}
+}
+
 func TestRulesRender(t *testing.T) {
 	sp := webPort(ep(ep1, true))
 	sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
