@@ -52,19 +52,22 @@ func (s *stateSummary) count(sp *model.ServicePort, by int) {
 	for _, f := range sp.Frontends {
 		s.frontends[familyIndex(f.Addr)] += by
 	}
-	if len(sp.LocalEndpoints) == 0 {
-		// kubeproxy_sync_proxy_rules_no_local_endpoints_total counts the
-		// ports with a Local policy whose endpoints are all elsewhere.
-		for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
-			if !sp.HasEndpointsFamily[i] && !(sp.HasEndpointsFamily == [2]bool{} && sp.HasEndpoints && i == 0) {
-				continue
-			}
-			if sp.InternalLocal {
-				s.noLocal[[2]string{"internal", fam}] += by
-			}
-			if sp.ExternalLocal {
-				s.noLocal[[2]string{"external", fam}] += by
-			}
+	// kubeproxy_sync_proxy_rules_no_local_endpoints_total counts the
+	// ports with a Local policy whose endpoints of a family are all
+	// elsewhere, per family as kube-proxy's per-family proxiers do.
+	var local [2]bool
+	for _, e := range sp.LocalEndpoints {
+		local[familyIndex(e.Addr)] = true
+	}
+	for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
+		if local[i] || !sp.HasEndpointsFamily[i] && !(sp.HasEndpointsFamily == [2]bool{} && sp.HasEndpoints && i == 0) {
+			continue
+		}
+		if sp.InternalLocal {
+			s.noLocal[[2]string{"internal", fam}] += by
+		}
+		if sp.ExternalLocal {
+			s.noLocal[[2]string{"external", fam}] += by
 		}
 	}
 	if sp.ExternalLocal && sp.HealthCheckNodePort != 0 {

@@ -53,6 +53,15 @@ func TestStateSummaryFollowsDeltas(t *testing.T) {
 	if got := s.noLocal[[2]string{"external", "IPv4"}]; got != 0 {
 		t.Errorf("last state has no eTP=Local port, no-local count %d", got)
 	}
+	// Dual-stack eTP=Local with a local IPv4 endpoint and only remote IPv6
+	// ones: no local endpoint for IPv6 (kube-proxy's per-family proxiers).
+	ds := port("ds", "192.0.2.9", true, 0, "10.0.0.9")
+	var d stateSummary
+	d.update(&model.State{Services: map[model.ServicePortName]*model.ServicePort{ds.Name: ds}})
+	if d.noLocal[[2]string{"external", "IPv6"}] != 1 || d.noLocal[[2]string{"external", "IPv4"}] != 0 {
+		t.Errorf("dual-stack no-local counts %v, want IPv6 only", d.noLocal)
+	}
+
 	s.update(states[1]) // not a successor of state 3: counted again
 	if s.frontends != [2]int{2, 1} || len(s.hcPorts) != 2 {
 		t.Errorf("recount: frontends %v, health-checked ports %d", s.frontends, len(s.hcPorts))
