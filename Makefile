@@ -93,7 +93,7 @@ conformance-report: build
 demo: deps build
 	./$(BIN) demo
 
-bench: deps
+bench: deps apiserver
 	$(GO) run ./hack/bench -out docs/BENCHMARKS.md
 
 clean:
