@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -69,6 +70,37 @@ type FileSource struct {
 	mu       sync.Mutex // serialises loads
 	applied  map[objectKey]manifestObject
 	problems []Problem
+	// decoded caches each file's decoded objects under its identity, so
+	// that a reload (every event, every rescan) decodes only the files
+	// that changed: at 100k Services a directory takes tens of seconds
+	// of CPU to decode.
+	decoded map[string]decodedFile
+}
+
+// decodedFile is one file's decoded content and the stat it was read at.
+type decodedFile struct {
+	id         fileID
+	objs       []manifestObject
+	probs      []Problem
+	incomplete bool
+}
+
+// fileID tells file versions apart: a write changes the ctime (and
+// usually the size and mtime), a replacement (a ConfigMap's symlink swap,
+// an editor's rename) the inode.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64
+}
+
+func statID(fi fs.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(st.Dev), st.Ino
+		id.ctime = st.Ctim.Nano()
+	}
+	return id
 }
 
 // NewFileSource returns a source for dir; nothing is read until Load or Run.
@@ -180,13 +212,14 @@ func (s *FileSource) read() (map[objectKey]manifestObject, []Problem, error) {
 	next := make(map[objectKey]manifestObject)
 	var probs []Problem
 	broken := make(map[string]bool) // files with unidentifiable documents
+	decoded := make(map[string]decodedFile, len(s.decoded))
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") || !isManifestName(name) {
 			continue
 		}
 		path := filepath.Join(s.dir, name)
-		data, err := readRegularFile(path)
+		df, err := s.decodeFile(path)
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errIsDir) {
 			continue // removed since ReadDir, dangling symlink, or a directory
 		}
@@ -195,9 +228,10 @@ func (s *FileSource) read() (map[objectKey]manifestObject, []Problem, error) {
 			broken[path] = true
 			continue
 		}
-		objs, p, incomplete := decodeManifests(path, data)
-		probs = append(probs, p...)
-		broken[path] = broken[path] || incomplete
+		decoded[path] = df
+		objs := df.objs
+		probs = append(probs, df.probs...)
+		broken[path] = broken[path] || df.incomplete
 		for _, o := range objs {
 			if prev, dup := next[o.key]; dup {
 				probs = append(probs, Problem{Kind: o.key.kind, Object: objectString(o.key), File: o.file, Doc: o.doc,
@@ -214,20 +248,32 @@ func (s *FileSource) read() (map[objectKey]manifestObject, []Problem, error) {
 		}
 	}
 	sortProblems(probs)
+	s.decoded = decoded
 	return next, probs, nil
 }
 
 var errIsDir = errors.New("is a directory")
 
-func readRegularFile(path string) ([]byte, error) {
+// decodeFile returns path's decoded objects, from the cache when the file
+// has not changed since it was decoded.
+func (s *FileSource) decodeFile(path string) (decodedFile, error) {
 	fi, err := os.Stat(path) // follows symlinks, as ConfigMap mounts use
 	if err != nil {
-		return nil, err
+		return decodedFile{}, err
 	}
 	if fi.IsDir() {
-		return nil, errIsDir
+		return decodedFile{}, errIsDir
 	}
-	return os.ReadFile(path)
+	id := statID(fi)
+	if df, ok := s.decoded[path]; ok && df.id == id {
+		return df, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return decodedFile{}, err
+	}
+	objs, probs, incomplete := decodeManifests(path, data)
+	return decodedFile{id: id, objs: objs, probs: probs, incomplete: incomplete}, nil
 }
 
 func isManifestName(name string) bool {

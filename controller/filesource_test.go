@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -329,5 +331,56 @@ func TestFileSourceMissingDirectory(t *testing.T) {
 	}
 	if err := src.Run(context.Background(), nil); err == nil {
 		t.Error("Run: no error for a missing directory")
+	}
+}
+
+// TestFileSourceDecodesOnlyChangedFiles: a reload reuses the objects of
+// files that did not change (the same pointers: nothing goes to the
+// Handler), and decodes again a file rewritten with content of the same
+// size, or replaced by a rename.
+func TestFileSourceDecodesOnlyChangedFiles(t *testing.T) {
+	dir, src, _, _ := newTestSource(t)
+	writeFile(t, dir, "10-web.yaml", webService+"---\n"+webSlice)
+	writeFile(t, dir, "20-api.json", apiList)
+	mustLoad(t, src)
+	objs := func() map[objectKey]any {
+		out := map[objectKey]any{}
+		for k, o := range src.applied {
+			out[k] = o.obj
+		}
+		return out
+	}
+	first := objs()
+	if changed := mustLoad(t, src); changed {
+		t.Error("a reload of unchanged files changed something")
+	}
+	for k, o := range objs() {
+		if first[k] != o {
+			t.Errorf("%v decoded again though its file did not change", k)
+		}
+	}
+	// Same size, other content: 10.0.0.1 becomes 10.0.0.2.
+	writeFile(t, dir, "10-web.yaml", webService+"---\n"+strings.Replace(webSlice, "10.0.0.1", "10.0.0.2", 1))
+	if changed := mustLoad(t, src); !changed {
+		t.Error("a rewritten file was not decoded again")
+	}
+	webKey := objectKey{kind: "EndpointSlice", NamespacedName: nameOf(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1"}})}
+	if sl := src.applied[webKey].obj.(*Slice); sl.Endpoints[0].Addr.String() != "10.0.0.2" {
+		t.Errorf("slice after the rewrite: %+v", sl.Endpoints)
+	}
+	apiKey := objectKey{kind: "Service", NamespacedName: nameOf(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "api"}})}
+	if src.applied[apiKey].obj != first[apiKey] {
+		t.Error("the unchanged file was decoded again")
+	}
+	// Replaced by a rename, as editors and ConfigMap mounts do.
+	tmp := filepath.Join(dir, ".20-api.json.tmp")
+	if err := os.WriteFile(tmp, []byte(strings.Replace(apiList, "10.96.0.20", "10.96.0.21", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "20-api.json")); err != nil {
+		t.Fatal(err)
+	}
+	if changed := mustLoad(t, src); !changed {
+		t.Error("a file replaced by a rename was not decoded again")
 	}
 }
