@@ -77,7 +77,7 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 		if len(last.Changes) > 0 {
 			s := slices.Sorted(slices.Values(last.Changes))
 			fmt.Fprintf(b, "| control plane: one EndpointSlice change to the maps at %d Services, p99 <= %v | p50 %v, p99 %v | %s |\n", last.N, goalChangeP99,
-				percentile(s, 0.5).Round(time.Millisecond), percentile(s, 0.99).Round(time.Millisecond), yesNo(percentile(s, 0.99) <= goalChangeP99))
+				percentile(s, 0.5).Round(10*time.Microsecond), percentile(s, 0.99).Round(10*time.Microsecond), yesNo(percentile(s, 0.99) <= goalChangeP99))
 		}
 	}
 	for _, src := range []string{"api", "file"} {
