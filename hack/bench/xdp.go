@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -13,6 +14,7 @@ import (
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -86,9 +88,9 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 			return nil, fmt.Errorf("%s: %w", c.Name, err)
 		}
 		if c.Hit { // the check above opened the first flow; open the rest
-			for _, p := range pkts[1:] {
+			for k, p := range pkts[1:] {
 				if _, err := runXDP(objs.XvsXdp, p); err != nil {
-					return nil, err
+					return nil, fmt.Errorf("%s: opening flow %d of %d: %w (drop verdicts so far: %s)", c.Name, k+2, len(pkts), err, dropVerdicts(objs.XvsVerdicts))
 				}
 			}
 		}
@@ -102,7 +104,7 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 		}
 		xdp, empty, err := timeXDP(ctx, objs.XvsXdp, objs.XvsXdpEmpty, pkts, samples)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.Name, err)
+			return nil, fmt.Errorf("%s: %w (drop verdicts so far: %s)", c.Name, err, dropVerdicts(objs.XvsVerdicts))
 		}
 		after, err := verdictCount(objs.XvsVerdicts, v)
 		if err != nil {
@@ -237,4 +239,23 @@ func writeXDP(b *bytes.Buffer, rs []xdpResult, samples int) {
 		fmt.Fprintf(b, "| %s | %.0f | %.1f | %.0f | %.0f |\n", r.Case.Name, r.Xdp.Median, r.Xdp.Mean, r.Empty.Median, r.Xdp.Median-r.Empty.Median)
 	}
 	fmt.Fprintln(b)
+}
+
+// dropVerdicts lists the drop verdicts counted so far, to say why a
+// packet the benchmark expected to pass was dropped.
+func dropVerdicts(m *ebpf.Map) string {
+	var out []string
+	for v := range xbpf.Verdict(64) {
+		name := maps.VerdictName(v)
+		if !strings.HasPrefix(name, "drop") {
+			continue
+		}
+		if n, err := verdictCount(m, v); err == nil && n > 0 {
+			out = append(out, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
