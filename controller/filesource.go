@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -70,37 +70,23 @@ type FileSource struct {
 	mu       sync.Mutex // serialises loads
 	applied  map[objectKey]manifestObject
 	problems []Problem
-	// decoded caches each file's decoded objects under its identity, so
-	// that a reload (every event, every rescan) decodes only the files
-	// that changed: at 100k Services a directory takes tens of seconds
-	// of CPU to decode.
+	// decoded caches each file's decoded objects under a digest of its
+	// content, so that a reload (every event, every rescan) decodes only
+	// the files that changed: at 100k Services a directory takes tens of
+	// seconds of CPU to decode, and milliseconds to read and hash. (File
+	// timestamps are too coarse to tell two quick writes apart.)
 	decoded map[string]decodedFile
+	seed    maphash.Seed
 }
 
-// decodedFile is one file's decoded content and the stat it was read at.
+// decodedFile is one file's decoded content and the digest of the bytes
+// it was decoded from.
 type decodedFile struct {
-	id         fileID
+	size       int
+	digest     uint64
 	objs       []manifestObject
 	probs      []Problem
 	incomplete bool
-}
-
-// fileID tells file versions apart: a write changes the ctime (and
-// usually the size and mtime), a replacement (a ConfigMap's symlink swap,
-// an editor's rename) the inode.
-type fileID struct {
-	dev, ino     uint64
-	size         int64
-	mtime, ctime int64
-}
-
-func statID(fi fs.FileInfo) fileID {
-	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.dev, id.ino = uint64(st.Dev), st.Ino
-		id.ctime = st.Ctim.Nano()
-	}
-	return id
 }
 
 // NewFileSource returns a source for dir; nothing is read until Load or Run.
@@ -112,6 +98,7 @@ func NewFileSource(dir string, h Handler, log *slog.Logger) *FileSource {
 		h:              h,
 		log:            log.With("dir", dir),
 		applied:        make(map[objectKey]manifestObject),
+		seed:           maphash.MakeSeed(),
 	}
 }
 
@@ -254,8 +241,8 @@ func (s *FileSource) read() (map[objectKey]manifestObject, []Problem, error) {
 
 var errIsDir = errors.New("is a directory")
 
-// decodeFile returns path's decoded objects, from the cache when the file
-// has not changed since it was decoded.
+// decodeFile returns path's decoded objects, from the cache when the
+// file's content has not changed since it was decoded.
 func (s *FileSource) decodeFile(path string) (decodedFile, error) {
 	fi, err := os.Stat(path) // follows symlinks, as ConfigMap mounts use
 	if err != nil {
@@ -264,16 +251,16 @@ func (s *FileSource) decodeFile(path string) (decodedFile, error) {
 	if fi.IsDir() {
 		return decodedFile{}, errIsDir
 	}
-	id := statID(fi)
-	if df, ok := s.decoded[path]; ok && df.id == id {
-		return df, nil
-	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return decodedFile{}, err
 	}
+	digest := maphash.Bytes(s.seed, data)
+	if df, ok := s.decoded[path]; ok && df.size == len(data) && df.digest == digest {
+		return df, nil
+	}
 	objs, probs, incomplete := decodeManifests(path, data)
-	return decodedFile{id: id, objs: objs, probs: probs, incomplete: incomplete}, nil
+	return decodedFile{size: len(data), digest: digest, objs: objs, probs: probs, incomplete: incomplete}, nil
 }
 
 func isManifestName(name string) bool {

@@ -335,9 +335,9 @@ func TestFileSourceMissingDirectory(t *testing.T) {
 }
 
 // TestFileSourceDecodesOnlyChangedFiles: a reload reuses the objects of
-// files that did not change (the same pointers: nothing goes to the
-// Handler), and decodes again a file rewritten with content of the same
-// size, or replaced by a rename.
+// files whose content did not change (the same pointers: nothing goes to
+// the Handler), and decodes again a file rewritten at once with content of
+// the same size (its timestamps may not change), or replaced by a rename.
 func TestFileSourceDecodesOnlyChangedFiles(t *testing.T) {
 	dir, src, _, _ := newTestSource(t)
 	writeFile(t, dir, "10-web.yaml", webService+"---\n"+webSlice)
