@@ -175,15 +175,8 @@ func writeSections(b *bytes.Buffer, runs []*Results, titles map[string]string, a
 		order = append(order, n)
 	}
 	slices.SortFunc(order, compareSections)
-	b.WriteString("\n## Per SEMANTICS section\n\nScenarios passed / run (skipped ones not counted), then probes passed / run. A scenario naming\nseveral sections counts in each; the agent checks that follow it count only for their own section\n(3.20 or 3.21).\n\n| section |")
-	for _, r := range runs {
-		fmt.Fprintf(b, " %s |", column(r))
-	}
-	b.WriteString("\n|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
+	b.WriteString("\n## Per SEMANTICS section\n\nScenarios passed / run (skipped ones not counted), then probes passed / run. A scenario naming\nseveral sections counts in each; the agent checks that follow it count only for their own section\n(3.20 or 3.21).\n\n")
+	tableHead(b, runs, "section")
 	for _, n := range order {
 		name := n
 		if t := titles[n]; t != "" {
@@ -252,15 +245,8 @@ func writeScenarios(b *bytes.Buffer, runs []*Results) {
 		}
 	}
 	slices.Sort(scenarios)
-	b.WriteString("\n## Scenarios\n\n| scenario | sections |")
-	for _, r := range runs {
-		fmt.Fprintf(b, " %s |", column(r))
-	}
-	b.WriteString("\n|---|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
+	b.WriteString("\n## Scenarios\n\n")
+	tableHead(b, runs, "scenario", "sections")
 	for _, name := range scenarios {
 		fmt.Fprintf(b, "| %s | %s |", name, strings.Join(sections[name], ", "))
 		for _, r := range runs {
@@ -339,15 +325,8 @@ func writeAgentChecks(b *bytes.Buffer, runs []*Results) {
 	if len(names) == 0 {
 		return
 	}
-	b.WriteString("\n## Agent endpoint checks (every scenario; SEMANTICS 3.20, 3.21)\n\nChecks passed / run, over every scenario of the run.\n\n| check |")
-	for _, r := range runs {
-		fmt.Fprintf(b, " %s |", column(r))
-	}
-	b.WriteString("\n|---|")
-	for range runs {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
+	b.WriteString("\n## Agent endpoint checks (every scenario; SEMANTICS 3.20, 3.21)\n\nChecks passed / run, over every scenario of the run.\n\n")
+	tableHead(b, runs, "check")
 	for _, name := range names {
 		fmt.Fprintf(b, "| %s |", name)
 		for _, r := range runs {
@@ -370,4 +349,17 @@ func writeAgentChecks(b *bytes.Buffer, runs []*Results) {
 		}
 		b.WriteString("\n")
 	}
+}
+
+// tableHead writes a Markdown table's header: the leading columns, then
+// one column per run.
+func tableHead(b *bytes.Buffer, runs []*Results, leading ...string) {
+	b.WriteString("|")
+	for _, c := range leading {
+		fmt.Fprintf(b, " %s |", c)
+	}
+	for _, r := range runs {
+		fmt.Fprintf(b, " %s |", column(r))
+	}
+	b.WriteString("\n|" + strings.Repeat("---|", len(leading)+len(runs)) + "\n")
 }
