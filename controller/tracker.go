@@ -113,7 +113,8 @@ func (t *Tracker) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) bool {
 	return t.upsertSlice(NewSlice(s))
 }
 func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool {
-	return t.deleteSlice(NewSlice(s))
+	// Only the name matters: the Tracker unindexes the Slice it holds.
+	return t.deleteSlice(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name}})
 }
 
 // OnSliceAdd and friends take EndpointSlices already parsed (the

@@ -230,16 +230,9 @@ func (s *syncer) families(st *model.State) []string {
 		for _, a := range st.Node.Addresses {
 			mark(a)
 		}
-		if s.summary.last == st {
-			has[0] = has[0] || s.summary.frontends[0] > 0
-			has[1] = has[1] || s.summary.frontends[1] > 0
-		} else {
-			for _, sp := range st.Services {
-				for _, f := range sp.Frontends {
-					mark(f.Addr)
-				}
-			}
-		}
+		// sync brings the summary to st before it asks.
+		has[0] = has[0] || s.summary.frontends[0] > 0
+		has[1] = has[1] || s.summary.frontends[1] > 0
 	}
 	var out []string
 	if has[0] || !has[1] {

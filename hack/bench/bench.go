@@ -330,13 +330,11 @@ func programServices(ctx context.Context, objs *loader.Objects, cfg loader.Confi
 	if rss, err = vmRSS(); err != nil {
 		return 0, 0, 0, err
 	}
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
+	heap = liveHeap()
 	// Both figures include the State and Datapath an agent would hold.
 	runtime.KeepAlive(st)
 	runtime.KeepAlive(dp)
-	return took, rss, ms.HeapAlloc, nil
+	return took, rss, heap, nil
 }
 
 // buildState makes n ClusterIP Services on port 80/TCP with 10 ready

@@ -249,10 +249,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	if res.RSS, err = procStatus("VmRSS"); err != nil {
 		return res, err
 	}
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	res.Heap = ms.HeapAlloc
+	res.Heap = liveHeap()
 	if res.HWM, err = procStatus("VmHWM"); err != nil {
 		return res, err
 	}
