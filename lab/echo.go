@@ -95,6 +95,7 @@ type EchoServer struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	done  bool
+	bulk  *BulkServer // serves what follows the greeting, when set
 }
 
 // StartEcho listens on addr inside ns for the given protocols (TCP and UDP
@@ -104,10 +105,14 @@ type EchoServer struct {
 // addr (0.0.0.0, ::) works: UDP replies are sent from the address each
 // datagram was addressed to (IP_PKTINFO), so connected clients accept them.
 func StartEcho(ns *NS, addr netip.AddrPort, protos ...Proto) (*EchoServer, error) {
+	return startEcho(ns, addr, protos, nil)
+}
+
+func startEcho(ns *NS, addr netip.AddrPort, protos []Proto, bulk *BulkServer) (*EchoServer, error) {
 	if len(protos) == 0 {
 		protos = []Proto{TCP, UDP}
 	}
-	s := &EchoServer{ns: ns, conns: map[net.Conn]struct{}{}}
+	s := &EchoServer{ns: ns, conns: map[net.Conn]struct{}{}, bulk: bulk}
 	if err := ns.lab.register(s); err != nil {
 		return nil, err
 	}
@@ -214,6 +219,10 @@ func (s *EchoServer) handleTCP(c net.Conn) {
 	if _, err := io.WriteString(c, Greeting(local, peer)); err != nil {
 		return
 	}
+	if s.bulk != nil {
+		s.bulk.serveTCP(c.(*net.TCPConn), local, peer)
+		return
+	}
 	io.Copy(c, c) // until the peer closes or Close tears the conn down
 }
 
@@ -221,7 +230,7 @@ func (s *EchoServer) serveUDP() {
 	defer s.wg.Done()
 	buf, oob := make([]byte, 64<<10), make([]byte, 256)
 	for {
-		_, oobn, _, peer, err := s.udp.ReadMsgUDPAddrPort(buf, oob)
+		n, oobn, _, peer, err := s.udp.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -236,7 +245,14 @@ func (s *EchoServer) serveUDP() {
 			}
 		}
 		peer = unmapAP(peer)
-		s.udp.WriteMsgUDPAddrPort([]byte(Greeting(local, peer)), replyOOB, peer)
+		reply := []byte(nil)
+		if s.bulk != nil {
+			reply = serveUDPBulk(buf[:n], local, peer)
+		}
+		if reply == nil {
+			reply = []byte(Greeting(local, peer))
+		}
+		s.udp.WriteMsgUDPAddrPort(reply, replyOOB, peer)
 	}
 }
 

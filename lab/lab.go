@@ -23,6 +23,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"strings"
@@ -40,7 +41,7 @@ type Lab struct {
 	mu      sync.Mutex // guards the fields below
 	spaces  []*NS
 	nodes   []*Node
-	servers map[*EchoServer]struct{}
+	servers map[io.Closer]struct{} // echo and bulk servers, stopped by Close
 	closed  bool
 }
 
@@ -53,10 +54,10 @@ func New(prefix string) (*Lab, error) {
 	if err := prepareNetnsDir(); err != nil {
 		return nil, err
 	}
-	return &Lab{Prefix: prefix, servers: map[*EchoServer]struct{}{}}, nil
+	return &Lab{Prefix: prefix, servers: map[io.Closer]struct{}{}}, nil
 }
 
-// Close stops the echo servers started in the lab and deletes its
+// Close stops the echo and bulk servers started in the lab and deletes its
 // namespaces (which destroys their veths). Sockets must go first: an open
 // socket keeps its namespace alive after the name is gone.
 func (l *Lab) Close() error {
@@ -66,7 +67,7 @@ func (l *Lab) Close() error {
 		return nil
 	}
 	l.closed = true
-	servers := make([]*EchoServer, 0, len(l.servers))
+	servers := make([]io.Closer, 0, len(l.servers))
 	for s := range l.servers {
 		servers = append(servers, s)
 	}
@@ -191,8 +192,8 @@ func (l *Lab) newNS(name string, kind Kind) (*NS, error) {
 	return n, nil
 }
 
-// register and unregister track echo servers so Close can stop them.
-func (l *Lab) register(s *EchoServer) error {
+// register and unregister track servers so Close can stop them.
+func (l *Lab) register(s io.Closer) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -202,7 +203,7 @@ func (l *Lab) register(s *EchoServer) error {
 	return nil
 }
 
-func (l *Lab) unregister(s *EchoServer) {
+func (l *Lab) unregister(s io.Closer) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.servers, s)

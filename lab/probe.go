@@ -143,12 +143,18 @@ func dialIn(ns *NS, src netip.Addr, p Proto, dst netip.AddrPort, timeout time.Du
 	if err != nil {
 		return nil, fmt.Errorf("dial %s %s->%s: %w", p, src, dst, err)
 	}
+	established(c, dst)
+	return c, nil
+}
+
+// established clears IPV6_RECVERR on a connected IPv6 TCP socket (see
+// dialer).
+func established(c net.Conn, dst netip.AddrPort) {
 	if tc, ok := c.(*net.TCPConn); ok && dst.Addr().Unmap().Is6() {
 		if rc, err := tc.SyscallConn(); err == nil {
 			rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 0) })
 		}
 	}
-	return c, nil
 }
 
 // readLine reads byte by byte up to '\n' so nothing after the greeting is
