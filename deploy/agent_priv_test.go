@@ -185,6 +185,19 @@ func TestPrivDeployedAgent(t *testing.T) {
 	if code, body, err := httpGetIn(node.NS, "127.0.0.1:10256", "/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("/healthz: %d %s %v", code, body, err)
 	}
+	// The DaemonSet's readiness probe: 200 once the first sync is programmed.
+	readyBy := time.Now().Add(30 * time.Second)
+	for {
+		code, body, err := httpGetIn(node.NS, "127.0.0.1:10256", "/readyz")
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		if time.Now().After(readyBy) {
+			t.Errorf("/readyz: %d %s %v", code, body, err)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	log, err := os.ReadFile(logPath)
 	if err != nil {

@@ -186,7 +186,7 @@ func TestDaemonSetShape(t *testing.T) {
 	check(ds.Namespace == "kube-system", "namespace kube-system")
 	check(p.ServiceAccountName == "xvs", "serviceAccountName xvs")
 	check(p.HostNetwork, "hostNetwork")
-	check(p.DNSPolicy == corev1.DNSClusterFirstWithHostNet, "dnsPolicy ClusterFirstWithHostNet")
+	check(p.DNSPolicy == corev1.DNSDefault, "dnsPolicy Default (the node resolver, as kube-proxy)")
 	check(p.PriorityClassName == "system-node-critical", "priorityClassName system-node-critical")
 	check(slices.ContainsFunc(p.Tolerations, func(t corev1.Toleration) bool {
 		return t.Operator == corev1.TolerationOpExists && t.Key == "" && t.Effect == ""
@@ -208,7 +208,7 @@ func TestDaemonSetShape(t *testing.T) {
 		return pr != nil && pr.HTTPGet != nil && pr.HTTPGet.Path == path && pr.HTTPGet.Port.IntValue() == 10256
 	}
 	check(probe(c.LivenessProbe, "/livez"), "liveness /livez on 10256")
-	check(probe(c.ReadinessProbe, "/healthz"), "readiness /healthz on 10256")
+	check(probe(c.ReadinessProbe, "/readyz"), "readiness /readyz on 10256")
 
 	vols := map[string]corev1.Volume{}
 	for _, v := range p.Volumes {

@@ -17,13 +17,17 @@ import (
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 )
 
-// serveHTTP starts kube-proxy's two servers: /healthz and /livez on
+// serveHTTP starts kube-proxy's two servers: /healthz, /livez and /readyz on
 // healthzBindAddress, /metrics and /proxyMode (and /debug/pprof with
 // enableProfiling) on metricsBindAddress. An empty address disables a
 // server. A server that cannot listen is fatal with bindAddressHardFail,
 // else logged. stop shuts the servers down and waits for running
 // handlers: call it before closing what they read (the BPF maps).
 func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode string, m *xmetrics.Metrics) (stop func(), err error) {
+	log.Info("xvs version", "version", version, "commit", gitCommit, "built", buildDate)
+	if err := m.Registry.Register(buildInfo()); err != nil {
+		return nil, err
+	}
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", metricsHandler(m))
 	metricsMux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
@@ -51,7 +55,7 @@ func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode
 		what, addr string
 		h          http.Handler
 	}{
-		{"healthz", c.HealthzBindAddress, s.health.Handler()},
+		{"healthz", c.HealthzBindAddress, readyHandler(s.health)},
 		{"metrics", c.MetricsBindAddress, metricsMux},
 	} {
 		if srv.addr == "" {

@@ -50,6 +50,10 @@ func main() {
 			return
 		}
 	}
+	if isVersionFlag(os.Args[1]) {
+		fmt.Println(versionString())
+		return
+	}
 	if os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage()
 		return

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# make e2e: a one-node Kubernetes v1.37 cluster in its own PID, mount,
+# network and UTS namespaces (hack/e2e/node.sh), with xvs deployed from
+# deploy/overlays/e2e as the only Service proxy, then upstream e2e.test.
+#
+#   hack/e2e/e2e.sh [e2e.test args...]     default: the [sig-network] Services specs
+#   E2E_HOLD=1 hack/e2e/e2e.sh             bring the cluster up and keep it (Ctrl-C)
+#   XVS_BIN=path                           use this xvs binary instead of `make build`
+#
+# Artifacts (JUnit, e2e log, component logs) go to bin/e2e/. Everything is
+# torn down on every path: the namespaces' processes (PID 1 of the PID
+# namespace is node.sh, and unshare --kill-child ends it with us), the
+# kubepods cgroups in every v1 hierarchy, the rig directory, and the global
+# sysctls the kubelet sets (vm.overcommit_memory, kernel.panic,
+# kernel.panic_on_oops) are restored.
+set -euo pipefail
+export PATH=$PATH:/usr/local/go/bin
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+[[ $(id -u) == 0 ]] || { echo "e2e: needs root" >&2; exit 1; }
+t0=$SECONDS
+say() { echo "e2e [$((SECONDS - t0))s]: $*" >&2; }
+
+BIN=$(hack/e2e/build.sh)
+say "components in $BIN ($((SECONDS - t0))s)"
+
+ART=$ROOT/bin/e2e
+RIG=$(mktemp -d /var/tmp/xvs-e2e.XXXXXX)
+rm -rf "$ART"; mkdir -p "$ART" "$RIG/images"
+
+SYSCTLS="vm.overcommit_memory kernel.panic kernel.panic_on_oops"
+declare -A saved
+for s in $SYSCTLS; do saved[$s]=$(sysctl -n "$s"); done
+
+node_pid=
+teardown() {
+  local rc=$?
+  set +e
+  trap - EXIT INT TERM
+  if [[ -n $node_pid ]] && kill -0 "$node_pid" 2>/dev/null; then
+    kill -TERM "$node_pid"
+    for i in $(seq 30); do kill -0 "$node_pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$node_pid" 2>/dev/null
+    wait "$node_pid" 2>/dev/null
+  fi
+  # Anything still running from the rig (there should be none: the PID
+  # namespace died with its PID 1): by PID, from the binaries' paths.
+  for p in /proc/[0-9]*; do
+    exe=$(readlink "$p/exe" 2>/dev/null) || continue
+    [[ $exe == "$BIN"/* || $exe == "$RIG"/* ]] && kill -KILL "${p#/proc/}" 2>/dev/null
+  done
+  # The kubelet's cgroups, deepest first, in every v1 hierarchy.
+  for h in /sys/fs/cgroup/*/; do
+    [[ -d $h/kubepods ]] || continue
+    for i in 1 2 3 4 5; do
+      find "$h/kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
+      [[ -d $h/kubepods ]] || break; sleep 1
+    done
+    [[ -d $h/kubepods ]] && echo "e2e: could not remove $h/kubepods" >&2
+  done
+  for s in $SYSCTLS; do sysctl -qw "$s=${saved[$s]}"; done
+  cp -r "$RIG/logs" "$ART/logs" 2>/dev/null
+  # Overlay mounts were in the node's mount namespace; none is left on the
+  # host, so the rig directory goes as a plain tree.
+  if grep -q " $RIG" /proc/self/mountinfo; then echo "e2e: mounts left under $RIG; not removing it" >&2; else rm -rf "$RIG"; fi
+  say "torn down (exit $rc)"
+  exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+# ---- Images, as docker-save tarballs (hack/image), imported by node.sh.
+if [[ -z ${XVS_BIN:-} ]]; then
+  nice -n 10 make -s build >&2
+  XVS_BIN=bin/xvs
+fi
+img() { go run ./hack/image "$@"; }
+img -o "$RIG/images/xvs.tar" -tag ghcr.io/xvs-lb/xvs:e2e -add "$XVS_BIN=/usr/local/bin/xvs" \
+  -rootfs "$(hack/e2e/rootfs.sh xvs $(make -s image-packages))" -entrypoint /usr/local/bin/xvs
+agn=$(hack/e2e/rootfs.sh agnhost bash coreutils netcat-openbsd bind9-dnsutils curl iproute2 socat procps iputils-ping conntrack)
+ln -sfn /bin/nc.openbsd "$agn/bin/nc"
+img -o "$RIG/images/agnhost.tar" -tag registry.k8s.io/e2e-test-images/agnhost:2.66.1 -rootfs "$agn" \
+  -add "$BIN/agnhost=/agnhost" -entrypoint /agnhost
+bb=$(hack/e2e/rootfs.sh busybox busybox-static)
+img -o "$RIG/images/busybox.tar" -tag registry.k8s.io/e2e-test-images/busybox:1.37.0-2 -rootfs "$bb" \
+  -add "$bb/bin/busybox=/bin/sh" -cmd /bin/sh
+img -o "$RIG/images/pause.tar" -tag registry.k8s.io/pause:3.10.2 -add "$BIN/pause=/pause" -entrypoint /pause
+img -o "$RIG/images/coredns.tar" -tag registry.k8s.io/coredns/coredns:v1.15.0 -add "$BIN/coredns=/coredns" -entrypoint /coredns
+say "images built"
+
+if (($# == 0)); then
+  set -- --ginkgo.focus='\[sig-network\] Services ' --ginkgo.skip="$(hack/e2e/skips.sh)"
+fi
+unshare --pid --mount --net --uts --fork --kill-child --mount-proc \
+  hack/e2e/node.sh "$RIG" "$BIN" "$ART" -- "$@" &
+node_pid=$!
+set +e
+wait "$node_pid"
+rc=$?
+set -e
+node_pid=
+say "e2e.test finished: exit $rc; JUnit and logs in $ART"
+exit "$rc"

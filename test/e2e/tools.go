@@ -1,0 +1,51 @@
+//go:build tools
+
+// Package e2e pins the Kubernetes components that hack/e2e builds for the
+// one-node cluster of `make e2e` (kubelet, kube-controller-manager,
+// kube-scheduler, kubectl, agnhost and the e2e.test suite), all at the
+// k8s.io/kubernetes version in go.mod. Nothing here is compiled by xvs; the
+// imports of test/e2e's own test files are listed so that go.sum covers
+// `go test -c k8s.io/kubernetes/test/e2e`.
+package e2e
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/test/e2e"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "github.com/onsi/ginkgo/v2"
+	_ "go.yaml.in/yaml/v2"
+	_ "k8s.io/component-base/version"
+	_ "k8s.io/klog/v2"
+	_ "k8s.io/kubernetes/test/conformance/testdata"
+	_ "k8s.io/kubernetes/test/e2e/apimachinery"
+	_ "k8s.io/kubernetes/test/e2e/apps"
+	_ "k8s.io/kubernetes/test/e2e/architecture"
+	_ "k8s.io/kubernetes/test/e2e/auth"
+	_ "k8s.io/kubernetes/test/e2e/autoscaling"
+	_ "k8s.io/kubernetes/test/e2e/common"
+	_ "k8s.io/kubernetes/test/e2e/dra"
+	_ "k8s.io/kubernetes/test/e2e/feature"
+	_ "k8s.io/kubernetes/test/e2e/framework"
+	_ "k8s.io/kubernetes/test/e2e/framework/config"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/metrics/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/testfiles"
+	_ "k8s.io/kubernetes/test/e2e/instrumentation"
+	_ "k8s.io/kubernetes/test/e2e/invariants"
+	_ "k8s.io/kubernetes/test/e2e/invariants/logcheck"
+	_ "k8s.io/kubernetes/test/e2e/kubectl"
+	_ "k8s.io/kubernetes/test/e2e/network"
+	_ "k8s.io/kubernetes/test/e2e/node"
+	_ "k8s.io/kubernetes/test/e2e/scheduling"
+	_ "k8s.io/kubernetes/test/e2e/storage"
+	_ "k8s.io/kubernetes/test/e2e/storage/csimock"
+	_ "k8s.io/kubernetes/test/e2e/storage/external"
+	_ "k8s.io/kubernetes/test/e2e/testing-manifests"
+	_ "k8s.io/kubernetes/test/e2e/windows"
+	_ "k8s.io/kubernetes/test/fixtures"
+	_ "k8s.io/kubernetes/test/utils/ktesting/format"
+)
