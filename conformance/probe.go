@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/xvs-lb/xvs/lab"
 )
@@ -17,6 +16,7 @@ type try struct {
 	verdict lab.Verdict
 	reply   lab.Reply
 	err     error
+	note    string // what a version 2 try moved ("20MiB down in 1.2s")
 }
 
 // outcome names a try the way expectations do: a member ip:port, PASS
@@ -36,18 +36,22 @@ func (t try) outcome(to netip.AddrPort) string {
 	return "ERROR"
 }
 
-func (w *world) dial(c client, to netip.AddrPort, proto string, timeout time.Duration) try {
-	switch proto {
+func (w *world) dial(c client, p *Probe) try {
+	if t, ok := w.v2Try(c, p); ok {
+		return t
+	}
+	to, timeout := p.to, p.timeout()
+	switch proto := p.proto; proto {
 	case "TCP":
 		r := lab.ProbeTCP(c.ns, c.src, to, timeout)
-		return try{r.Verdict, r.Reply, r.Err}
+		return try{verdict: r.Verdict, reply: r.Reply, err: r.Err}
 	case "UDP":
 		r := lab.ProbeUDP(c.ns, c.src, to, timeout)
-		return try{r.Verdict, r.Reply, r.Err}
+		return try{verdict: r.Verdict, reply: r.Reply, err: r.Err}
 	case "SCTP":
 		return probeSCTP(c.ns, c.src, to, timeout)
 	}
-	return try{verdict: lab.Failed, err: fmt.Errorf("%s probes are not supported by this runner", proto)}
+	return try{verdict: lab.Failed, err: fmt.Errorf("%s probes are not supported by this runner", p.proto)}
 }
 
 // ProbeResult is one evaluated probe (or hold or check).
@@ -65,10 +69,10 @@ type ProbeResult struct {
 //
 // A list expects every try on a member and, over the tries, every member
 // reached, or, with ClientIP affinity, every try on the same member. DROP
-// tries run in parallel (each waits the full timeout); the others run one
-// after the other (affinity depends on order) and stop at the first try
-// that already fails the probe, so a broken datapath costs one timeout per
-// probe, not sixteen.
+// tries run in parallel (each waits the full timeout) unless they share a
+// fixed source port; the others run one after the other (affinity depends
+// on order) and stop at the first try that already fails the probe, so a
+// broken datapath costs one timeout per probe, not sixteen.
 func (w *world) runProbe(p *Probe, exp Expect, affinity bool) (observed string, pass bool) {
 	c, err := w.clientFor(p.From)
 	if err != nil {
@@ -77,22 +81,22 @@ func (w *world) runProbe(p *Probe, exp Expect, affinity bool) (observed string, 
 	if why, ok := w.unsupported[listenKey{p.to, p.proto}]; ok {
 		return "ERROR: " + why, false
 	}
-	n, timeout := p.tries(), p.timeout()
+	n := p.tries()
 	var tries []try
-	if exp.Verdict == Drop {
+	if exp.Verdict == Drop && p.SourcePort == 0 {
 		tries = make([]try, n)
 		var wg sync.WaitGroup
 		for i := range tries {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				tries[i] = w.dial(c, p.to, p.proto, timeout)
+				tries[i] = w.dial(c, p)
 			}()
 		}
 		wg.Wait()
 	} else {
 		for range n {
-			t := w.dial(c, p.to, p.proto, timeout)
+			t := w.dial(c, p)
 			tries = append(tries, t)
 			if w.failsProbe(p, exp, affinity, c, tries) {
 				break
@@ -153,8 +157,12 @@ func (w *world) judge(p *Probe, exp Expect, affinity bool, c client, tries []try
 	peers := map[string]int{}
 	var peerOrder []string
 	var firstErr error
+	var note string
 	pass := true
 	for _, t := range tries {
+		if note == "" {
+			note = t.note
+		}
 		o := t.outcome(p.to)
 		if counts[o] == 0 {
 			order = append(order, o)
@@ -206,6 +214,9 @@ func (w *world) judge(p *Probe, exp Expect, affinity bool, c client, tries []try
 	if affinity {
 		b.WriteString(" [ClientIP affinity]")
 	}
+	if note != "" {
+		fmt.Fprintf(&b, " (%s)", note)
+	}
 	if firstErr != nil {
 		fmt.Fprintf(&b, " (%v)", firstErr)
 	}
@@ -220,6 +231,9 @@ func expectedString(p *Probe, exp Expect, affinity bool) string {
 	}
 	if affinity && exp.Verdict == "" {
 		s += " (all on one member: ClientIP affinity)"
+	}
+	if exp.Verdict == "" || exp.Verdict == Pass {
+		s += p.trafficString()
 	}
 	return s
 }

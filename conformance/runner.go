@@ -285,9 +285,17 @@ func (r *scenarioRun) step(ctx context.Context, n int, st *Step) bool {
 			r.report(n, what, "applied by the agent", "ERROR: "+oneLine(err.Error()), "", false)
 			return false
 		}
+		w.changed = time.Now()
 	case st.Hold != nil:
 		obs, pass := w.hold(st.Hold)
 		r.report(n, "hold "+st.Hold.Name, "connected to a backend", obs, "", pass)
+	case st.Session != nil:
+		obs, pass := w.startSession(st.Session)
+		r.report(n, "session "+st.Session.Name, "answered by "+st.Session.Expect.String(), obs, "", pass)
+	case st.Await != nil:
+		obs, pass := w.await(st.Await)
+		within := time.Duration(orDefault(st.Await.Within, Duration(DefaultWithin)))
+		r.report(n, "await "+st.Await.Session, fmt.Sprintf("answered by %s within %v of the change, and only by it", st.Await.Expect, within), obs, "", pass)
 	case st.Check != nil:
 		obs, pass := w.check(st.Check)
 		want := "alive"
@@ -310,6 +318,9 @@ func (w *world) hold(h *Hold) (string, bool) {
 	if err != nil {
 		return "ERROR: " + err.Error(), false
 	}
+	if h.Bulk != nil || h.SourcePort != 0 {
+		return w.holdBulk(h, c)
+	}
 	r, conn, err := lab.DialTCP(c.ns, c.src, h.to, DefaultTimeout)
 	if err != nil {
 		t := try{verdict: lab.Classify(err), err: err}
@@ -321,6 +332,9 @@ func (w *world) hold(h *Hold) (string, bool) {
 
 // check sends data on a held connection and waits for the echo.
 func (w *world) check(c *Check) (string, bool) {
+	if hs, ok := w.held[c.Held]; ok {
+		return checkBulk(hs, *c.Alive)
+	}
 	conn, ok := w.holds[c.Held]
 	if !ok {
 		return "ERROR: hold " + c.Held + " was never established", false
@@ -342,7 +356,8 @@ func newWorld(sc *Scenario, opts *Options) (*world, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &world{sc: sc, mode: opts.Mode, lab: l, objs: newObjectSet(), written: map[string][]byte{}, holds: map[string]net.Conn{}}
+	w := &world{sc: sc, mode: opts.Mode, lab: l, objs: newObjectSet(), written: map[string][]byte{}, holds: map[string]net.Conn{},
+		held: map[string]*lab.HeldStream{}, sessions: map[string]*session{}}
 	w.pinPath = filepath.Join("/sys/fs/bpf", strings.TrimSuffix(prefix, "-"))
 	if w.dir, err = os.MkdirTemp("", prefix+"objects-"); err != nil {
 		return w, err
@@ -385,6 +400,12 @@ func (w *world) start(ctx context.Context, opts *Options) error {
 func (w *world) close(bin string) error {
 	for _, c := range w.holds {
 		c.Close()
+	}
+	for _, h := range w.held {
+		h.Close()
+	}
+	for _, s := range w.sessions {
+		s.us.Close()
 	}
 	if w.agent != nil {
 		w.agent.Stop(5 * time.Second)

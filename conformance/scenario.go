@@ -28,6 +28,7 @@ import (
 // Scenario is one file: one node's view of a cluster, the Kubernetes
 // objects that exist, and probes with the outcome the semantics require.
 type Scenario struct {
+	Version     int                   `json:"version"` // 1 (default) or 2
 	Name        string                `json:"name"`
 	Description string                `json:"description"`
 	Node        NodeSpec              `json:"node"`
@@ -86,6 +87,12 @@ type Probe struct {
 	Tries      int      `json:"tries"`
 	Timeout    Duration `json:"timeout"` // FORMAT's "probe timeout (default 1s)"
 
+	// Version 2 (traffic.go).
+	SourcePort uint16    `json:"sourcePort"`
+	Transfer   *Transfer `json:"transfer"`
+	Stream     *Stream   `json:"stream"`
+	Datagram   ByteSize  `json:"datagram"`
+
 	to    netip.AddrPort
 	proto string
 }
@@ -105,6 +112,10 @@ type Step struct {
 	Hold   *Hold             `json:"hold"`
 	Check  *Check            `json:"check"`
 	Sleep  *Duration         `json:"sleep"`
+
+	// Version 2 (traffic.go).
+	Session *Session `json:"session"`
+	Await   *Await   `json:"await"`
 }
 
 // ObjectRef names an object to delete.
@@ -120,6 +131,10 @@ type Hold struct {
 	Name string `json:"name"`
 	From From   `json:"from"`
 	To   string `json:"to"`
+
+	// Version 2 (traffic.go).
+	SourcePort uint16    `json:"sourcePort"`
+	Bulk       *HeldBulk `json:"bulk"`
 
 	to netip.AddrPort
 }

@@ -33,12 +33,14 @@ func SectionsOf(desc string) []string {
 
 // validator collects every problem of a scenario, not only the first.
 type validator struct {
-	s       *Scenario
-	errs    []error
-	objs    map[objKey]bool // objects that exist at the current point
-	names   map[string]bool // probe names, for overrides
-	holds   map[string]bool
-	nprobes int
+	s        *Scenario
+	errs     []error
+	objs     map[objKey]bool // objects that exist at the current point
+	names    map[string]bool // probe names, for overrides
+	holds    map[string]bool
+	bulk     map[string]bool // holds with data flowing
+	sessions map[string]bool
+	nprobes  int
 }
 
 func (v *validator) bad(format string, args ...any) {
@@ -48,7 +50,8 @@ func (v *validator) bad(format string, args ...any) {
 // validate checks everything the format requires and fills the parsed
 // fields.
 func (s *Scenario) validate() error {
-	v := &validator{s: s, objs: map[objKey]bool{}, names: map[string]bool{}, holds: map[string]bool{}}
+	v := &validator{s: s, objs: map[objKey]bool{}, names: map[string]bool{}, holds: map[string]bool{},
+		bulk: map[string]bool{}, sessions: map[string]bool{}}
 	v.header()
 	for i, raw := range s.Objects {
 		k, err := keyOf(raw)
@@ -65,7 +68,7 @@ func (s *Scenario) validate() error {
 	for i := range s.Steps {
 		v.step(fmt.Sprintf("steps[%d]", i), &s.Steps[i])
 	}
-	if v.nprobes == 0 && len(v.holds) == 0 {
+	if v.nprobes == 0 && len(v.holds) == 0 && len(v.sessions) == 0 {
 		v.bad("no probes: a scenario must probe something")
 	}
 	v.overrides()
@@ -75,6 +78,11 @@ func (s *Scenario) validate() error {
 // header checks name, node, cluster, proxy and modes.
 func (v *validator) header() {
 	s := v.s
+	switch s.Version {
+	case 0, Version1, Version2:
+	default:
+		v.bad("version %d: this runner reads versions 1 and 2", s.Version)
+	}
 	if s.Name == "" {
 		v.bad("name: required")
 	} else if !kebab.MatchString(s.Name) {
@@ -125,6 +133,7 @@ func (v *validator) probes(where string, ps []Probe) {
 		if err := ps[i].validate(); err != nil {
 			v.bad("%s[%d] %q: %v", where, i, ps[i].Name, err)
 		}
+		v.needV2(fmt.Sprintf("%s[%d]", where, i), ps[i].usesV2())
 		v.names[ps[i].Name] = true
 	}
 }
@@ -133,13 +142,13 @@ func (v *validator) probes(where string, ps []Probe) {
 // of something absent is caught.
 func (v *validator) step(where string, st *Step) {
 	set := 0
-	for _, b := range []bool{st.Probes != nil, st.Apply != nil, st.Delete != nil, st.Hold != nil, st.Check != nil, st.Sleep != nil} {
+	for _, b := range []bool{st.Probes != nil, st.Apply != nil, st.Delete != nil, st.Hold != nil, st.Check != nil, st.Sleep != nil, st.Session != nil, st.Await != nil} {
 		if b {
 			set++
 		}
 	}
 	if set != 1 {
-		v.bad("%s: a step holds exactly one of probes, apply, delete, hold, check, sleep (has %d)", where, set)
+		v.bad("%s: a step holds exactly one of probes, apply, delete, hold, check, sleep, session, await (has %d)", where, set)
 		return
 	}
 	switch {
@@ -181,6 +190,18 @@ func (v *validator) step(where string, st *Step) {
 		} else if h.From.IP.IsValid() && h.From.IP.Is4() != h.to.Addr().Is4() {
 			v.bad("%s.hold: from %s and to %s are of different families", where, h.From.IP, h.to)
 		}
+		var v2 []string
+		if h.SourcePort != 0 {
+			v2 = append(v2, "sourcePort")
+		}
+		if h.Bulk != nil {
+			v2 = append(v2, "bulk")
+			v.bulk[h.Name] = true
+			if h.Bulk.Rate > 100<<20 {
+				v.bad("%s.hold.bulk.rate %s: at most 100MiB (per second)", where, h.Bulk.Rate)
+			}
+		}
+		v.needV2(where+".hold", v2)
 	case st.Check != nil:
 		if !v.holds[st.Check.Held] {
 			v.bad("%s.check: no earlier hold named %q", where, st.Check.Held)
@@ -188,10 +209,36 @@ func (v *validator) step(where string, st *Step) {
 		if st.Check.Alive == nil {
 			v.bad("%s.check: alive (true or false) is required", where)
 		}
+	case st.Session != nil:
+		s := st.Session
+		if v.sessions[s.Name] {
+			v.bad("%s.session: name %q used twice", where, s.Name)
+		}
+		v.sessions[s.Name] = true
+		for _, err := range s.validate() {
+			v.bad("%s.session %q: %v", where, s.Name, err)
+		}
+		v.needV2(where, []string{"session"})
+	case st.Await != nil:
+		if !v.sessions[st.Await.Session] {
+			v.bad("%s.await: no earlier session named %q", where, st.Await.Session)
+		}
+		for _, err := range checkAwait(st.Await.Expect, st.Await.Within) {
+			v.bad("%s.await: %v", where, err)
+		}
+		v.needV2(where, []string{"await"})
 	case st.Sleep != nil:
 		if *st.Sleep < 0 || time.Duration(*st.Sleep) > 10*time.Minute {
 			v.bad("%s.sleep: %v out of range (0..10m)", where, time.Duration(*st.Sleep))
 		}
+	}
+}
+
+// needV2 refuses version 2 fields in a file that does not say version: 2,
+// so a scenario's meaning never depends on which runner reads it.
+func (v *validator) needV2(where string, fields []string) {
+	if len(fields) > 0 && v.s.Version < Version2 {
+		v.bad("%s: %s need version: 2", where, strings.Join(fields, ", "))
 	}
 }
 
@@ -247,6 +294,7 @@ func (p *Probe) validate() error {
 	if p.Timeout < 0 || time.Duration(p.Timeout) > time.Minute {
 		errs = append(errs, fmt.Errorf("timeout %v out of range", time.Duration(p.Timeout)))
 	}
+	errs = append(errs, p.validateV2()...)
 	return errors.Join(errs...)
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/xvs-lb/xvs/lab"
 )
@@ -53,6 +54,9 @@ type world struct {
 	logPath  string
 	agent    *lab.Process
 	holds    map[string]net.Conn
+	held     map[string]*lab.HeldStream // bulk holds (version 2)
+	sessions map[string]*session        // UDP sessions (version 2)
+	changed  time.Time                  // when the agent had applied the last apply or delete
 	sctp     []*sctpEcho
 }
 
@@ -133,6 +137,9 @@ func (s *Scenario) flows() []flow {
 		add(st.Probes)
 		if st.Hold != nil {
 			out = append(out, flow{st.Hold.From, st.Hold.to, "TCP"})
+		}
+		if st.Session != nil {
+			out = append(out, flow{st.Session.From, st.Session.to, "UDP"})
 		}
 	}
 	return out
@@ -346,7 +353,8 @@ func (w *world) addRemotePod(a netip.Addr) (*lab.NS, error) {
 	return ns, nil
 }
 
-// startListener starts an echo server on ap for each protocol. An SCTP
+// startListener starts a bulk server (the echo greeting, and version 2's
+// traffic) on ap for each protocol. An SCTP
 // listener that cannot be created (no sctp module) is recorded so probes
 // to it fail with that reason.
 func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) error {
@@ -375,7 +383,7 @@ func (w *world) startListener(ns *lab.NS, ap netip.AddrPort, protos []string) er
 	if len(ps) == 0 {
 		return nil
 	}
-	if _, err := lab.StartEcho(ns, ap, ps...); err != nil {
+	if _, err := lab.StartBulk(ns, ap, ps...); err != nil {
 		return fmt.Errorf("listener %s %v: %w", ap, protos, err)
 	}
 	return nil

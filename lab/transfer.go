@@ -51,6 +51,9 @@ type TransferSpec struct {
 	// Timeout bounds the whole transfer, connect included (default: 30s
 	// plus Stream).
 	Timeout time.Duration
+	// Connect bounds the connect alone (default: 5s or Timeout if less),
+	// so a DROP is seen as soon as a plain probe would see it.
+	Connect time.Duration
 }
 
 // TransferResult is a transfer that completed: every byte arrived intact.
@@ -82,6 +85,9 @@ func (s TransferSpec) withDefaults() (TransferSpec, error) {
 	}
 	if s.Timeout <= 0 {
 		s.Timeout = 30*time.Second + s.Stream
+	}
+	if s.Connect <= 0 || s.Connect > s.Timeout {
+		s.Connect = min(s.Timeout, 5*time.Second)
 	}
 	if s.Seed == 0 {
 		s.Seed = rand.Uint64() | 1
@@ -122,7 +128,7 @@ func Transfer(ns *NS, src, dst netip.AddrPort, spec TransferSpec) (TransferResul
 		return TransferResult{}, err
 	}
 	start := time.Now()
-	c, err := dialFrom(ns, src, TCP, dst, min(spec.Timeout, 5*time.Second))
+	c, err := dialFrom(ns, src, TCP, dst, spec.Connect)
 	if err != nil {
 		return TransferResult{}, err
 	}
