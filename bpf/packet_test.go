@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"net/netip"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/google/gopacket/layers"
 
@@ -193,45 +196,118 @@ func ctEntry(t *testing.T, e *env, src, dst netip.AddrPort, proto model.Protocol
 
 func be16(p uint16) uint16 { return p>>8 | p<<8 }
 
-// TestPrivPacketTCPFlags: SYN opens a conntrack entry, FIN and RST move it
-// to the closing state, a RST without a flow is dropped as invalid, and a
+func monoNow(t *testing.T) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+// TestPrivPacketTCPStates: one state per flow, moved by packets of both
+// directions through netfilter's states, each with its timeout; a
+// half-closed flow lives for CLOSE_WAIT's hour while the server talks; a
 // new SYN on a closed flow chooses again.
-func TestPrivPacketTCPFlags(t *testing.T) {
+func TestPrivPacketTCPStates(t *testing.T) {
 	e := oneService(t, model.TCP, 80, backend1)
 	cl := netip.AddrPortFrom(client, 41000)
 	fe := netip.AddrPortFrom(vip, 80)
+	fwd := func(f l4) { e.run(t, packet(t, client, vip, f)) }
+	rev := func(f l4) { e.run(t, packet(t, backend1.Addr(), client, f)) }
+	c2s := l4{proto: model.TCP, sport: 41000, dport: 80}
+	s2c := l4{proto: model.TCP, sport: 8080, dport: 41000}
+	with := func(f l4, mod func(*l4)) l4 { mod(&f); return f }
+	want := func(step string, state xbpf.CtState, timeout time.Duration) {
+		t.Helper()
+		c, ok := ctEntry(t, e, cl, fe, model.TCP)
+		if !ok {
+			t.Fatalf("%s: no flow", step)
+		}
+		if xbpf.CtState(c.State) != state {
+			t.Fatalf("%s: state %v, want %v", step, xbpf.CtState(c.State), state)
+		}
+		left := time.Duration(c.Expires - monoNow(t))
+		if left > timeout || left < timeout-5*time.Second {
+			t.Fatalf("%s: expires in %v, want %v", step, left, timeout)
+		}
+	}
 
-	e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 41000, dport: 80, syn: true}))
-	c, ok := ctEntry(t, e, cl, fe, model.TCP)
-	if !ok || c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SYN) == 0 {
-		t.Fatalf("SYN did not open a flow: %+v %v", c, ok)
+	fwd(with(c2s, func(f *l4) { f.syn = true }))
+	want("SYN", xbpf.XvsXvsCtStateXVS_CT_SYN_SENT, 120*time.Second)
+	rev(with(s2c, func(f *l4) { f.syn, f.ack = true, true }))
+	want("SYN-ACK", xbpf.XvsXvsCtStateXVS_CT_SYN_RECV, 60*time.Second)
+	fwd(with(c2s, func(f *l4) { f.ack = true }))
+	want("ACK", xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED, 24*time.Hour)
+	// The client half-closes; the server acknowledges and goes on.
+	fwd(with(c2s, func(f *l4) { f.fin, f.ack = true, true }))
+	want("client FIN", xbpf.XvsXvsCtStateXVS_CT_FIN_WAIT, 120*time.Second)
+	rev(with(s2c, func(f *l4) { f.ack = true }))
+	want("server ACK of the FIN", xbpf.XvsXvsCtStateXVS_CT_CLOSE_WAIT, time.Hour)
+	for range 3 {
+		rev(with(s2c, func(f *l4) { f.ack, f.payload = true, []byte("more data") }))
+		fwd(with(c2s, func(f *l4) { f.ack = true }))
 	}
-	// The reply marks the flow established on the forward entry.
-	e.run(t, packet(t, backend1.Addr(), client, l4{proto: model.TCP, sport: 8080, dport: 41000, syn: true, ack: true}))
-	c, _ = ctEntry(t, e, cl, fe, model.TCP)
-	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY) == 0 {
-		t.Fatalf("reply did not mark the flow established: %+v", c)
+	want("half-closed stream", xbpf.XvsXvsCtStateXVS_CT_CLOSE_WAIT, time.Hour)
+	rev(with(s2c, func(f *l4) { f.fin, f.ack = true, true }))
+	want("server FIN", xbpf.XvsXvsCtStateXVS_CT_LAST_ACK, 30*time.Second)
+	fwd(with(c2s, func(f *l4) { f.ack = true }))
+	want("last ACK", xbpf.XvsXvsCtStateXVS_CT_TIME_WAIT, 120*time.Second)
+	// The reply entry carries no state of its own.
+	if r, ok := ctEntry(t, e, backend1, cl, model.TCP); !ok || r.State != 0 || r.Expires != 0 {
+		t.Fatalf("reply entry %+v (present %v): want one without state or expiry", r, ok)
 	}
-	e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 41000, dport: 80, fin: true, ack: true}))
-	c, _ = ctEntry(t, e, cl, fe, model.TCP)
-	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
-		t.Fatalf("FIN did not mark the flow closing: %+v", c)
+	// The client reuses its port: a new flow, chosen again.
+	ret, out := e.run(t, packet(t, client, vip, with(c2s, func(f *l4) { f.syn = true })))
+	if ret != tcActOK || decode(t, out).dst != backend1 {
+		t.Fatalf("SYN on a TIME_WAIT flow: ret %d", ret)
 	}
+	want("port reuse", xbpf.XvsXvsCtStateXVS_CT_SYN_SENT, 120*time.Second)
+	// A RST from the server closes the flow for both directions.
+	rev(with(s2c, func(f *l4) { f.rst = true }))
+	want("server RST", xbpf.XvsXvsCtStateXVS_CT_CLOSE, 10*time.Second)
 
 	// A RST to the VIP without any flow: invalid, dropped.
-	ret, _ := e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 42000, dport: 80, rst: true}))
+	ret, _ = e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 42000, dport: 80, rst: true}))
 	if ret != tcActShot {
 		t.Fatalf("stray RST: ret %d, want TC_ACT_SHOT", ret)
 	}
 	// A RST inside a flow is forwarded (and closes it).
 	e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 43000, dport: 80, syn: true}))
-	ret, out := e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 43000, dport: 80, rst: true}))
+	ret, out = e.run(t, packet(t, client, vip, l4{proto: model.TCP, sport: 43000, dport: 80, rst: true}))
 	if ret != tcActOK || decode(t, out).dst != backend1 {
 		t.Fatalf("in-flow RST: ret %d", ret)
 	}
-	c, _ = ctEntry(t, e, netip.AddrPortFrom(client, 43000), fe, model.TCP)
-	if c.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING) == 0 {
-		t.Fatalf("RST did not mark the flow closing: %+v", c)
+	c, _ := ctEntry(t, e, netip.AddrPortFrom(client, 43000), fe, model.TCP)
+	if xbpf.CtState(c.State) != xbpf.XvsXvsCtStateXVS_CT_CLOSE {
+		t.Fatalf("RST did not close the flow: %+v", c)
+	}
+}
+
+// TestPrivPacketReplyEntryClash: two frontends that pick the same pod for
+// one client port would need the same reply entry; the second flow gets
+// another source port (as netfilter resolves the clash) instead of
+// overwriting the first one's way back.
+func TestPrivPacketReplyEntryClash(t *testing.T) {
+	e := newEnv(t, loader.DefaultConfig())
+	vip2 := netip.MustParseAddr("172.30.0.11")
+	e.sync(t, clusterIPService("a", vip, 80, model.UDP, backend1), clusterIPService("b", vip2, 80, model.UDP, backend1))
+	q := l4{proto: model.UDP, sport: 5000, dport: 80, payload: []byte("q")}
+	_, out := e.run(t, packet(t, client, vip, q))
+	first := decode(t, out)
+	_, out = e.run(t, packet(t, client, vip2, q))
+	second := decode(t, out)
+	if first.src != netip.AddrPortFrom(client, 5000) || second.src.Addr() != client || second.src.Port() == 5000 {
+		t.Fatalf("sources %s and %s: want the client's port, then another port of the client", first.src, second.src)
+	}
+	for _, c := range []struct {
+		to   netip.AddrPort
+		from netip.AddrPort
+	}{{first.src, netip.AddrPortFrom(vip, 80)}, {second.src, netip.AddrPortFrom(vip2, 80)}} {
+		_, out := e.run(t, packet(t, backend1.Addr(), client, l4{proto: model.UDP, sport: 8080, dport: c.to.Port(), payload: []byte("a")}))
+		d := decode(t, out)
+		if d.src != c.from || d.dst != netip.AddrPortFrom(client, 5000) || !d.checksumsOK {
+			t.Fatalf("reply to %s: %s -> %s, want %s -> client:5000", c.to, d.src, d.dst, c.from)
+		}
 	}
 }
 

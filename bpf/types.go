@@ -25,6 +25,8 @@ type (
 	LPMKey    = XvsXvsLpmKey
 	VIPKey    = XvsXvsVipKey
 	Conns     = XvsXvsConnCounts
+	CtState   = XvsXvsCtState
+	IfAddrs   = XvsXvsIfAddrs
 )
 
 const (

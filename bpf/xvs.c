@@ -57,13 +57,13 @@ static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *
  * go into the Ethernet header and bpf_redirect sends it; without, the next
  * hop goes to bpf_redirect_neigh, which resolves it (and would otherwise
  * route the packet a second time). */
-static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw)
+static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw,
+				 __u32 *v)
 {
 	struct bpf_fib_lookup fib = {
 		.l4_protocol = p->proto,
 		.sport = rw->sport,
 		.dport = rw->dport,
-		.tot_len = p->len,
 		.ifindex = skb->ingress_ifindex,
 	};
 	bool v6 = p->family == XVS_FAMILY_IPV6;
@@ -78,10 +78,20 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 		fib.ipv4_src = addr_v4(rw->saddr);
 		fib.ipv4_dst = addr_v4(rw->daddr);
 	}
+	/* tot_len stays 0: the kernel then checks the skb itself against the
+	 * egress MTU, and a GSO/GRO packet by its segments (below), as its
+	 * forwarding path does; a packet's IP length says nothing of them. */
 	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
+
+	__u32 mtu = 0;
+
+	if (bpf_check_mtu(skb, fib.ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+		*v = XVS_V_PASS_FRAG_NEEDED;
+		return TC_ACT_OK;
+	}
 
 	__u8 ttl;
 
@@ -160,14 +170,18 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 		__builtin_memcpy(res->rw.daddr, p->daddr, 16);
 		res->rw.sport = p->sport;
 		res->rw.dport = p->dport;
-		return verdict(tc_forward(skb, p, &res->rw), XVS_V_FWD_XDP, skb);
+		res->verdict = XVS_V_FWD_XDP;
+		ret = tc_forward(skb, p, &res->rw, &res->verdict);
+		return verdict(ret, res->verdict, skb);
 	}
 
-	switch (flow_process(p, res)) {
+	p->ifindex = skb->ingress_ifindex;
+	switch (flow_process(skb, p, res)) {
 	case XVS_ACT_NAT:
 		if (tc_rewrite(skb, p, &res->rw))
 			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
-		return verdict(tc_forward(skb, p, &res->rw), res->verdict, skb);
+		ret = tc_forward(skb, p, &res->rw, &res->verdict);
+		return verdict(ret, res->verdict, skb);
 	case XVS_ACT_DROP:
 		return verdict(TC_ACT_SHOT, res->verdict, skb);
 	case XVS_ACT_REJECT:
@@ -187,6 +201,42 @@ int xvs_tc_ingress(struct __sk_buff *skb)
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		return handle_ip(skb, true);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
+}
+
+/* tc egress: replies of hostNetwork endpoints on this node (see
+ * flow_egress). They were routed by the stack already and go on out of this
+ * device; only their source changes back to the frontend. A node without
+ * such endpoints pays one map lookup per packet. */
+static __always_inline int handle_egress(struct __sk_buff *skb, bool v6)
+{
+	struct flow_scratch *sc = flow_scratch();
+	__u32 zero = 0;
+	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
+
+	if (!sc || !cfg || !(cfg->flags & XVS_CFG_HOST_BACKENDS))
+		return TC_ACT_OK;
+	struct xvs_pkt *p = &sc->pkt;
+	struct flow_res *res = &sc->res;
+
+	res->len = skb->len;
+	if ((v6 ? parse_ipv6(skb, ETH_HLEN, p) : parse_ipv4(skb, ETH_HLEN, p)) != XVS_PARSE_OK)
+		return TC_ACT_OK;
+	p->ifindex = skb->ifindex;
+	if (flow_egress(p, res) != XVS_ACT_NAT)
+		return TC_ACT_OK;
+	if (tc_rewrite(skb, p, &res->rw))
+		return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
+	return verdict(TC_ACT_OK, res->verdict, skb);
+}
+
+SEC("tc")
+int xvs_tc_egress(struct __sk_buff *skb)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return handle_egress(skb, false);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_egress(skb, true);
+	return TC_ACT_OK;
 }
 
 /* The floor for benchmarks: the cheapest possible tc program. */
@@ -214,3 +264,5 @@ const struct xvs_sock_key *_unused_sock_key __attribute__((unused));
 const struct xvs_sock_value *_unused_sock_value __attribute__((unused));
 const enum xvs_ct_flags *_unused_ct_flags __attribute__((unused));
 const enum xvs_verdict *_unused_verdict __attribute__((unused));
+const enum xvs_ct_state *_unused_ct_state __attribute__((unused));
+const struct xvs_if_addrs *_unused_if_addrs __attribute__((unused));

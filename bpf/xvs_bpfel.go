@@ -17,6 +17,7 @@ type XvsFlowScratch struct {
 	_   structs.HostLayout
 	Pkt struct {
 		_        structs.HostLayout
+		Ifindex  uint32
 		L3Off    uint32
 		L4Off    uint32
 		Len      uint32
@@ -31,6 +32,7 @@ type XvsFlowScratch struct {
 		HasL4    bool
 		_        [3]byte
 	}
+	_   [4]byte
 	Res struct {
 		_  structs.HostLayout
 		Rw struct {
@@ -40,6 +42,7 @@ type XvsFlowScratch struct {
 			Sport uint16
 			Dport uint16
 		}
+		Key     XvsXvsSvcKey
 		_       [4]byte
 		Now     uint64
 		Len     uint32
@@ -97,14 +100,18 @@ type XvsXvsConfig struct {
 	Flags       uint32
 	SnatPortMin uint16
 	SnatPortMax uint16
+	SnatSkipMin uint16
+	SnatSkipMax uint16
+	Pad         uint32
 	NetnsCookie uint64
 }
 
 type XvsXvsConfigFlags uint32
 
 const (
-	XvsXvsConfigFlagsXVS_CFG_MASQ_ALL     XvsXvsConfigFlags = 1
-	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL XvsXvsConfigFlags = 2
+	XvsXvsConfigFlagsXVS_CFG_MASQ_ALL      XvsXvsConfigFlags = 1
+	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL  XvsXvsConfigFlags = 2
+	XvsXvsConfigFlagsXVS_CFG_HOST_BACKENDS XvsXvsConfigFlags = 4
 )
 
 type XvsXvsConnCounts struct {
@@ -123,7 +130,8 @@ type XvsXvsCtEntry struct {
 	NatPort   uint16
 	SnatPort  uint16
 	Flags     uint16
-	Pad       uint16
+	State     uint8
+	Pad       uint8
 	Packets   uint32
 	Bytes     uint32
 }
@@ -131,14 +139,17 @@ type XvsXvsCtEntry struct {
 type XvsXvsCtFlags uint32
 
 const (
-	XvsXvsCtFlagsXVS_CT_F_REPLY      XvsXvsCtFlags = 1
-	XvsXvsCtFlagsXVS_CT_F_CLOSING    XvsXvsCtFlags = 2
-	XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY XvsXvsCtFlags = 4
-	XvsXvsCtFlagsXVS_CT_F_SYN        XvsXvsCtFlags = 8
-	XvsXvsCtFlagsXVS_CT_F_COUNTED    XvsXvsCtFlags = 16
-	XvsXvsCtFlagsXVS_CT_F_SNAT       XvsXvsCtFlags = 32
-	XvsXvsCtFlagsXVS_CT_F_HELD       XvsXvsCtFlags = 64
-	XvsXvsCtFlagsXVS_CT_F_INACTIVE   XvsXvsCtFlags = 128
+	XvsXvsCtFlagsXVS_CT_F_REPLY          XvsXvsCtFlags = 1
+	XvsXvsCtFlagsXVS_CT_F_FIN_ORIG       XvsXvsCtFlags = 2
+	XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY     XvsXvsCtFlags = 4
+	XvsXvsCtFlagsXVS_CT_F_SYN            XvsXvsCtFlags = 8
+	XvsXvsCtFlagsXVS_CT_F_COUNTED        XvsXvsCtFlags = 16
+	XvsXvsCtFlagsXVS_CT_F_SNAT           XvsXvsCtFlags = 32
+	XvsXvsCtFlagsXVS_CT_F_HELD           XvsXvsCtFlags = 64
+	XvsXvsCtFlagsXVS_CT_F_INACTIVE       XvsXvsCtFlags = 128
+	XvsXvsCtFlagsXVS_CT_F_FIN_REPLY      XvsXvsCtFlags = 256
+	XvsXvsCtFlagsXVS_CT_F_HOST           XvsXvsCtFlags = 512
+	XvsXvsCtFlagsXVS_CT_F_LAST_FIN_REPLY XvsXvsCtFlags = 1024
 )
 
 type XvsXvsCtKey struct {
@@ -151,6 +162,20 @@ type XvsXvsCtKey struct {
 	Family uint8
 	Pad    [2]uint8
 }
+
+type XvsXvsCtState uint32
+
+const (
+	XvsXvsCtStateXVS_CT_NONE        XvsXvsCtState = 0
+	XvsXvsCtStateXVS_CT_SYN_SENT    XvsXvsCtState = 1
+	XvsXvsCtStateXVS_CT_SYN_RECV    XvsXvsCtState = 2
+	XvsXvsCtStateXVS_CT_ESTABLISHED XvsXvsCtState = 3
+	XvsXvsCtStateXVS_CT_FIN_WAIT    XvsXvsCtState = 4
+	XvsXvsCtStateXVS_CT_CLOSE_WAIT  XvsXvsCtState = 5
+	XvsXvsCtStateXVS_CT_LAST_ACK    XvsXvsCtState = 6
+	XvsXvsCtStateXVS_CT_TIME_WAIT   XvsXvsCtState = 7
+	XvsXvsCtStateXVS_CT_CLOSE       XvsXvsCtState = 8
+)
 
 type XvsXvsFragKey struct {
 	_     structs.HostLayout
@@ -165,6 +190,12 @@ type XvsXvsFragPorts struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+}
+
+type XvsXvsIfAddrs struct {
+	_     structs.HostLayout
+	Addr4 [16]uint8
+	Addr6 [16]uint8
 }
 
 type XvsXvsKind uint32
@@ -303,7 +334,10 @@ const (
 	XvsXvsVerdictXVS_V_SOCK_CONNECT        XvsXvsVerdict = 17
 	XvsXvsVerdictXVS_V_SOCK_REFUSED        XvsXvsVerdict = 18
 	XvsXvsVerdictXVS_V_SOCK_DROPPED        XvsXvsVerdict = 19
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 20
+	XvsXvsVerdictXVS_V_REPLY_HOST          XvsXvsVerdict = 20
+	XvsXvsVerdictXVS_V_PASS_STALE_REPLY    XvsXvsVerdict = 21
+	XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED    XvsXvsVerdict = 22
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 23
 )
 
 type XvsXvsVipKey struct {
@@ -325,6 +359,7 @@ const (
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsFragments         = "xvs_fragments"
+	XvsMapXvsIfSnat            = "xvs_if_snat"
 	XvsMapXvsLbScan            = "xvs_lb_scan"
 	XvsMapXvsMembers           = "xvs_members"
 	XvsMapXvsNodeConfig        = "xvs_node_config"
@@ -347,6 +382,7 @@ const (
 	XvsProgXvsSockRecvmsg6     = "xvs_sock_recvmsg6"
 	XvsProgXvsSockSendmsg4     = "xvs_sock_sendmsg4"
 	XvsProgXvsSockSendmsg6     = "xvs_sock_sendmsg6"
+	XvsProgXvsTcEgress         = "xvs_tc_egress"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
 	XvsProgXvsXdp              = "xvs_xdp"
@@ -356,6 +392,8 @@ const (
 	XvsVarUnusedBackendFlags   = "_unused_backend_flags"
 	XvsVarUnusedConfigFlags    = "_unused_config_flags"
 	XvsVarUnusedCtFlags        = "_unused_ct_flags"
+	XvsVarUnusedCtState        = "_unused_ct_state"
+	XvsVarUnusedIfAddrs        = "_unused_if_addrs"
 	XvsVarUnusedKind           = "_unused_kind"
 	XvsVarUnusedLpmKey         = "_unused_lpm_key"
 	XvsVarUnusedMemberKey      = "_unused_member_key"
@@ -367,9 +405,14 @@ const (
 	XvsVarUnusedSvcFlags       = "_unused_svc_flags"
 	XvsVarUnusedVerdict        = "_unused_verdict"
 	XvsVarUnusedVipKey         = "_unused_vip_key"
-	XvsVarCfgCtTcpClosingS     = "cfg_ct_tcp_closing_s"
+	XvsVarCfgCtTcpCloseS       = "cfg_ct_tcp_close_s"
+	XvsVarCfgCtTcpCloseWaitS   = "cfg_ct_tcp_close_wait_s"
 	XvsVarCfgCtTcpEstablishedS = "cfg_ct_tcp_established_s"
-	XvsVarCfgCtTcpSynS         = "cfg_ct_tcp_syn_s"
+	XvsVarCfgCtTcpFinWaitS     = "cfg_ct_tcp_fin_wait_s"
+	XvsVarCfgCtTcpLastAckS     = "cfg_ct_tcp_last_ack_s"
+	XvsVarCfgCtTcpSynRecvS     = "cfg_ct_tcp_syn_recv_s"
+	XvsVarCfgCtTcpSynSentS     = "cfg_ct_tcp_syn_sent_s"
+	XvsVarCfgCtTcpTimeWaitS    = "cfg_ct_tcp_time_wait_s"
 	XvsVarCfgCtUdpS            = "cfg_ct_udp_s"
 	XvsVarCfgCtUdpStreamS      = "cfg_ct_udp_stream_s"
 	XvsVarCfgRevNat            = "cfg_rev_nat"
@@ -425,6 +468,7 @@ type XvsProgramSpecs struct {
 	XvsSockRecvmsg6     *ebpf.ProgramSpec `ebpf:"xvs_sock_recvmsg6"`
 	XvsSockSendmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg4"`
 	XvsSockSendmsg6     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg6"`
+	XvsTcEgress         *ebpf.ProgramSpec `ebpf:"xvs_tc_egress"`
 	XvsTcEmpty          *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
 	XvsXdp              *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
@@ -443,6 +487,7 @@ type XvsMapSpecs struct {
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
+	XvsIfSnat        *ebpf.MapSpec `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.MapSpec `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
 	XvsNodeConfig    *ebpf.MapSpec `ebpf:"xvs_node_config"`
@@ -468,6 +513,8 @@ type XvsVariableSpecs struct {
 	UnusedBackendFlags   *ebpf.VariableSpec `ebpf:"_unused_backend_flags"`
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.VariableSpec `ebpf:"_unused_ct_flags"`
+	UnusedCtState        *ebpf.VariableSpec `ebpf:"_unused_ct_state"`
+	UnusedIfAddrs        *ebpf.VariableSpec `ebpf:"_unused_if_addrs"`
 	UnusedKind           *ebpf.VariableSpec `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.VariableSpec `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.VariableSpec `ebpf:"_unused_member_key"`
@@ -479,9 +526,14 @@ type XvsVariableSpecs struct {
 	UnusedSvcFlags       *ebpf.VariableSpec `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.VariableSpec `ebpf:"_unused_verdict"`
 	UnusedVipKey         *ebpf.VariableSpec `ebpf:"_unused_vip_key"`
-	CfgCtTcpClosingS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_closing_s"`
+	CfgCtTcpCloseS       *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_close_s"`
+	CfgCtTcpCloseWaitS   *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_close_wait_s"`
 	CfgCtTcpEstablishedS *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_established_s"`
-	CfgCtTcpSynS         *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_syn_s"`
+	CfgCtTcpFinWaitS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_fin_wait_s"`
+	CfgCtTcpLastAckS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_last_ack_s"`
+	CfgCtTcpSynRecvS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_syn_recv_s"`
+	CfgCtTcpSynSentS     *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_syn_sent_s"`
+	CfgCtTcpTimeWaitS    *ebpf.VariableSpec `ebpf:"cfg_ct_tcp_time_wait_s"`
 	CfgCtUdpS            *ebpf.VariableSpec `ebpf:"cfg_ct_udp_s"`
 	CfgCtUdpStreamS      *ebpf.VariableSpec `ebpf:"cfg_ct_udp_stream_s"`
 	CfgRevNat            *ebpf.VariableSpec `ebpf:"cfg_rev_nat"`
@@ -515,6 +567,7 @@ type XvsMaps struct {
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
+	XvsIfSnat        *ebpf.Map `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.Map `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
 	XvsNodeConfig    *ebpf.Map `ebpf:"xvs_node_config"`
@@ -541,6 +594,7 @@ func (m *XvsMaps) Close() error {
 		m.XvsClusterIps,
 		m.XvsConntrack,
 		m.XvsFragments,
+		m.XvsIfSnat,
 		m.XvsLbScan,
 		m.XvsMembers,
 		m.XvsNodeConfig,
@@ -567,6 +621,8 @@ type XvsVariables struct {
 	UnusedBackendFlags   *ebpf.Variable `ebpf:"_unused_backend_flags"`
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.Variable `ebpf:"_unused_ct_flags"`
+	UnusedCtState        *ebpf.Variable `ebpf:"_unused_ct_state"`
+	UnusedIfAddrs        *ebpf.Variable `ebpf:"_unused_if_addrs"`
 	UnusedKind           *ebpf.Variable `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.Variable `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.Variable `ebpf:"_unused_member_key"`
@@ -578,9 +634,14 @@ type XvsVariables struct {
 	UnusedSvcFlags       *ebpf.Variable `ebpf:"_unused_svc_flags"`
 	UnusedVerdict        *ebpf.Variable `ebpf:"_unused_verdict"`
 	UnusedVipKey         *ebpf.Variable `ebpf:"_unused_vip_key"`
-	CfgCtTcpClosingS     *ebpf.Variable `ebpf:"cfg_ct_tcp_closing_s"`
+	CfgCtTcpCloseS       *ebpf.Variable `ebpf:"cfg_ct_tcp_close_s"`
+	CfgCtTcpCloseWaitS   *ebpf.Variable `ebpf:"cfg_ct_tcp_close_wait_s"`
 	CfgCtTcpEstablishedS *ebpf.Variable `ebpf:"cfg_ct_tcp_established_s"`
-	CfgCtTcpSynS         *ebpf.Variable `ebpf:"cfg_ct_tcp_syn_s"`
+	CfgCtTcpFinWaitS     *ebpf.Variable `ebpf:"cfg_ct_tcp_fin_wait_s"`
+	CfgCtTcpLastAckS     *ebpf.Variable `ebpf:"cfg_ct_tcp_last_ack_s"`
+	CfgCtTcpSynRecvS     *ebpf.Variable `ebpf:"cfg_ct_tcp_syn_recv_s"`
+	CfgCtTcpSynSentS     *ebpf.Variable `ebpf:"cfg_ct_tcp_syn_sent_s"`
+	CfgCtTcpTimeWaitS    *ebpf.Variable `ebpf:"cfg_ct_tcp_time_wait_s"`
 	CfgCtUdpS            *ebpf.Variable `ebpf:"cfg_ct_udp_s"`
 	CfgCtUdpStreamS      *ebpf.Variable `ebpf:"cfg_ct_udp_stream_s"`
 	CfgRevNat            *ebpf.Variable `ebpf:"cfg_rev_nat"`
@@ -598,6 +659,7 @@ type XvsPrograms struct {
 	XvsSockRecvmsg6     *ebpf.Program `ebpf:"xvs_sock_recvmsg6"`
 	XvsSockSendmsg4     *ebpf.Program `ebpf:"xvs_sock_sendmsg4"`
 	XvsSockSendmsg6     *ebpf.Program `ebpf:"xvs_sock_sendmsg6"`
+	XvsTcEgress         *ebpf.Program `ebpf:"xvs_tc_egress"`
 	XvsTcEmpty          *ebpf.Program `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.Program `ebpf:"xvs_tc_ingress"`
 	XvsXdp              *ebpf.Program `ebpf:"xvs_xdp"`
@@ -614,6 +676,7 @@ func (p *XvsPrograms) Close() error {
 		p.XvsSockRecvmsg6,
 		p.XvsSockSendmsg4,
 		p.XvsSockSendmsg6,
+		p.XvsTcEgress,
 		p.XvsTcEmpty,
 		p.XvsTcIngress,
 		p.XvsXdp,

@@ -274,8 +274,7 @@ func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, error) {
 		}
 		switch {
 		case e.Expires < now:
-		case model.Protocol(k.Proto) == model.TCP && flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY != 0 &&
-			flags&xbpf.XvsXvsCtFlagsXVS_CT_F_CLOSING == 0:
+		case model.Protocol(k.Proto) == model.TCP && xbpf.CtState(e.State) == xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED:
 			c.active++
 		default:
 			c.inactive++

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Conntrack: an LRU hash with one entry per direction of a flow. Entries
- * carry their own expiry (the LRU only bounds memory), with timeouts in the
- * spirit of netfilter's: the established TCP timeout is the 24 h kube-proxy
- * configures for nf_conntrack_tcp_timeout_established. */
+/* Conntrack: an LRU hash with two keys per flow and one state (see
+ * struct xvs_ct_entry). The forward entry holds the state machine and the
+ * expiry; a reply entry is only a way back to it. Timeouts are netfilter's
+ * as kube-proxy configures them (established 24 h, CLOSE_WAIT 1 h), and the
+ * loader may rewrite them. */
 #ifndef XVS_CT_H
 #define XVS_CT_H
 
@@ -16,10 +17,15 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
-/* Load-time knobs (seconds); the loader may rewrite them. */
-volatile const __u32 cfg_ct_tcp_syn_s = 60;
+/* Load-time knobs (seconds), indexed like enum xvs_ct_state for TCP. */
+volatile const __u32 cfg_ct_tcp_syn_sent_s = 120;
+volatile const __u32 cfg_ct_tcp_syn_recv_s = 60;
 volatile const __u32 cfg_ct_tcp_established_s = 86400;
-volatile const __u32 cfg_ct_tcp_closing_s = 10;
+volatile const __u32 cfg_ct_tcp_fin_wait_s = 120;
+volatile const __u32 cfg_ct_tcp_close_wait_s = 3600;
+volatile const __u32 cfg_ct_tcp_last_ack_s = 30;
+volatile const __u32 cfg_ct_tcp_time_wait_s = 120;
+volatile const __u32 cfg_ct_tcp_close_s = 10;
 volatile const __u32 cfg_ct_udp_s = 30;
 volatile const __u32 cfg_ct_udp_stream_s = 120;
 
@@ -27,7 +33,7 @@ volatile const __u32 cfg_ct_udp_stream_s = 120;
  * batches of this many (see ct_account). */
 #define CT_FLUSH_PACKETS 64
 
-/* Only refresh an entry's expiry when it moves by more than this, so that a
+/* Only refresh a flow's expiry when it moves by more than this, so that a
  * busy flow does not write its cache line on every packet. */
 #define CT_REFRESH_SLACK_NS NSEC_PER_SEC
 
@@ -43,17 +49,95 @@ static __always_inline void ct_key(struct xvs_ct_key *k, const __u8 saddr[16], c
 	k->family = family;
 }
 
-static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u16 flags)
+static __always_inline __u64 ct_timeout_ns(__u8 proto, __u8 state, __u16 flags)
 {
 	__u32 s;
 
-	if (flags & XVS_CT_F_CLOSING)
-		s = cfg_ct_tcp_closing_s;
-	else if (proto == IPPROTO_TCP)
-		s = (flags & XVS_CT_F_SEEN_REPLY) ? cfg_ct_tcp_established_s : cfg_ct_tcp_syn_s;
-	else
+	switch (proto == IPPROTO_TCP ? state : XVS_CT_NONE) {
+	case XVS_CT_SYN_SENT:
+		s = cfg_ct_tcp_syn_sent_s;
+		break;
+	case XVS_CT_SYN_RECV:
+		s = cfg_ct_tcp_syn_recv_s;
+		break;
+	case XVS_CT_ESTABLISHED:
+		s = cfg_ct_tcp_established_s;
+		break;
+	case XVS_CT_FIN_WAIT:
+		s = cfg_ct_tcp_fin_wait_s;
+		break;
+	case XVS_CT_CLOSE_WAIT:
+		s = cfg_ct_tcp_close_wait_s;
+		break;
+	case XVS_CT_LAST_ACK:
+		s = cfg_ct_tcp_last_ack_s;
+		break;
+	case XVS_CT_TIME_WAIT:
+		s = cfg_ct_tcp_time_wait_s;
+		break;
+	case XVS_CT_CLOSE:
+		s = cfg_ct_tcp_close_s;
+		break;
+	default:
 		s = (flags & XVS_CT_F_SEEN_REPLY) ? cfg_ct_udp_stream_s : cfg_ct_udp_s;
+	}
 	return (__u64)s * NSEC_PER_SEC;
+}
+
+/* Has the connection begun to close (FIN or RST seen)? */
+static __always_inline bool ct_closing(__u8 state)
+{
+	return state >= XVS_CT_FIN_WAIT;
+}
+
+/* May a new SYN of the same tuple replace the flow (the client reused its
+ * port)? As netfilter: once both sides have closed, or after a RST. */
+static __always_inline bool ct_reopenable(__u8 state)
+{
+	return state >= XVS_CT_LAST_ACK;
+}
+
+/* The TCP state machine, netfilter's in outline. reply: the packet comes
+ * from the backend. FIN bits per direction live in *flags. */
+static __always_inline __u8 ct_tcp_next(__u8 state, __u16 *flags, __u8 tcp, bool reply)
+{
+	__u16 fin_self = reply ? XVS_CT_F_FIN_REPLY : XVS_CT_F_FIN_ORIG;
+	__u16 fin_peer = reply ? XVS_CT_F_FIN_ORIG : XVS_CT_F_FIN_REPLY;
+
+	if (tcp & TCP_FLAG_RST)
+		return XVS_CT_CLOSE;
+	if (tcp & TCP_FLAG_SYN) {
+		if (reply && (tcp & TCP_FLAG_ACK) && state == XVS_CT_SYN_SENT)
+			return XVS_CT_SYN_RECV;
+		return state; /* a retransmitted SYN or SYN-ACK */
+	}
+	if (state == XVS_CT_CLOSE)
+		return state;
+	if (tcp & TCP_FLAG_FIN) {
+		if (*flags & fin_self)
+			return state; /* retransmitted */
+		*flags |= fin_self;
+		if (!(*flags & fin_peer))
+			return XVS_CT_FIN_WAIT;
+		if (reply)
+			*flags |= XVS_CT_F_LAST_FIN_REPLY;
+		return XVS_CT_LAST_ACK;
+	}
+	if (!(tcp & TCP_FLAG_ACK))
+		return state;
+	switch (state) {
+	case XVS_CT_SYN_RECV:
+		return reply ? state : XVS_CT_ESTABLISHED;
+	case XVS_CT_FIN_WAIT:
+		/* The peer acknowledges the FIN and may go on sending: the
+		 * connection is half-closed. */
+		return (*flags & fin_peer) ? XVS_CT_CLOSE_WAIT : state;
+	case XVS_CT_LAST_ACK:
+		/* Both FINs seen; an ACK from the side that closed first
+		 * acknowledges the last one. */
+		return !!(*flags & XVS_CT_F_LAST_FIN_REPLY) != reply ? XVS_CT_TIME_WAIT : state;
+	}
+	return state;
 }
 
 /* Give back what a least-connection scheduler counts for the flow: its
@@ -83,44 +167,45 @@ static __always_inline void ct_deactivate(const struct xvs_ct_entry *e)
 	__sync_fetch_and_add(&c->inactive, 1);
 }
 
-/* Account for one packet of a tracked flow: TCP FIN or RST moves the entry
- * to its closing timeout, a reply marks the flow as seen both ways. */
-static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pkt *p, __u64 now)
+/* One packet of a tracked flow, in either direction, on the flow's
+ * (forward) entry: the state machine moves, and the expiry follows the
+ * state, so the flow lives as long as either side talks. */
+static __always_inline void ct_touch(struct xvs_ct_entry *e, const struct xvs_pkt *p, bool reply, __u64 now)
 {
 	__u16 flags = e->flags;
+	__u8 state = e->state;
 
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
-		flags |= XVS_CT_F_CLOSING;
-	if (flags & XVS_CT_F_REPLY)
+	if (reply)
 		flags |= XVS_CT_F_SEEN_REPLY;
-	if ((flags & (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) == (XVS_CT_F_CLOSING | XVS_CT_F_HELD)) {
+	if (p->proto == IPPROTO_TCP && p->has_l4)
+		state = ct_tcp_next(state, &flags, p->tcp_flags, reply);
+	if (ct_closing(state) && (flags & XVS_CT_F_HELD)) {
 		ct_deactivate(e);
 		flags = (flags & ~XVS_CT_F_HELD) | XVS_CT_F_INACTIVE;
 	}
-	if (flags != e->flags)
-		e->flags = flags;
 
-	__u64 expires = now + ct_lifetime_ns(p->proto, flags);
-	if (flags & XVS_CT_F_CLOSING) {
-		/* Closing only ever shortens the entry's life. */
-		if (expires < e->expires)
-			e->expires = expires;
+	__u64 expires = now + ct_timeout_ns(p->proto, state, flags);
+
+	if (state != e->state || flags != e->flags) {
+		/* A transition sets the new state's timeout, shorter or not. */
+		e->state = state;
+		e->flags = flags;
+		e->expires = expires;
 	} else if (expires > e->expires + CT_REFRESH_SLACK_NS) {
 		e->expires = expires;
 	}
 }
 
-/* Count one packet on its conntrack entry. The per-CPU service and backend
- * counters get the batch when it is full, when force is set (the first
- * reply of a flow), and on every packet of a closing flow, so that short
- * flows are counted in full while they close. An entry that expires
- * silently loses at most one unflushed batch; `xvs list` adds the pending
+/* Count one packet on its conntrack entry (the direction's own). The
+ * per-CPU service and backend counters get the batch when it is full, when
+ * force is set (the first reply of a flow, a closing flow), so that short
+ * flows are counted in full while they close. `xvs list` adds the pending
  * counts of live entries. */
 static __always_inline void ct_account(struct xvs_ct_entry *e, __u32 bytes, bool force)
 {
 	e->packets++;
 	e->bytes += bytes;
-	if (force || e->packets >= CT_FLUSH_PACKETS || (e->flags & XVS_CT_F_CLOSING))
+	if (force || e->packets >= CT_FLUSH_PACKETS)
 		stats_flush(e);
 }
 
@@ -130,10 +215,34 @@ static __always_inline bool ct_usable(const struct xvs_ct_entry *e, const struct
 {
 	if (now > e->expires)
 		return false;
-	if (p->proto == IPPROTO_TCP && (e->flags & XVS_CT_F_CLOSING) &&
+	if (p->proto == IPPROTO_TCP && ct_reopenable(e->state) &&
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return false;
 	return true;
+}
+
+/* The live flow a reply entry at rk (backend -> client or masquerade
+ * address) belongs to, or NULL when the entry is stale: its flow expired,
+ * was replaced by another flow of the same client tuple, or went away. */
+static __attribute__((noinline)) struct xvs_ct_entry *ct_flow_of(const struct xvs_ct_key *rk,
+								 const struct xvs_ct_entry *rev, __u64 now)
+{
+	struct xvs_ct_key fk = {};
+	struct xvs_ct_entry *fe;
+
+	ct_key(&fk, rev->snat_addr, rev->nat_addr, rev->snat_port, rev->nat_port, rk->proto, rk->family);
+	fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
+	if (!fe || (fe->flags & XVS_CT_F_REPLY) || now > fe->expires)
+		return NULL;
+	if (!addr_eq(fe->nat_addr, rk->saddr) || fe->nat_port != rk->sport)
+		return NULL;
+	if (fe->flags & XVS_CT_F_SNAT) {
+		if (!addr_eq(fe->snat_addr, rk->daddr) || fe->snat_port != rk->dport)
+			return NULL;
+	} else if (!addr_eq(rev->snat_addr, rk->daddr) || rev->snat_port != rk->dport) {
+		return NULL;
+	}
+	return fe;
 }
 
 #endif

@@ -22,6 +22,7 @@ enum xvs_action {
 	XVS_ACT_DROP,
 	XVS_ACT_REJECT, /* answer with TCP RST / ICMP port unreachable */
 	XVS_ACT_NAT,	/* rewrite to xvs_rewrite and forward */
+	XVS_ACT_NEW,	/* (internal) no live flow: a new one may start */
 };
 
 /* The addresses and ports a packet leaves with (16-byte addresses, as
@@ -38,6 +39,9 @@ struct xvs_rewrite {
  * with its own stack frame. */
 struct flow_res {
 	struct xvs_rewrite rw;
+	/* The frontend's service key, as the lookup (and the scheduler)
+	 * uses it. */
+	struct xvs_svc_key key;
 	__u64 now;
 	__u32 len;
 	__u32 verdict;
@@ -108,41 +112,36 @@ static __always_inline void flow_forward_rewrite(const struct xvs_pkt *p, const 
 	}
 }
 
-/* Reply from a backend: the frontend becomes the source again, and a
- * masqueraded flow goes back to its client. */
-static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *e, struct flow_res *res)
+/* A packet of a tracked flow from its client. */
+static __noinline int flow_established(const struct xvs_pkt *p, struct xvs_ct_entry *e, struct flow_res *res)
+{
+	ct_touch(e, p, false, res->now);
+	ct_account(e, res->len, ct_closing(e->state));
+	flow_forward_rewrite(p, e, &res->rw);
+	res->verdict = XVS_V_FWD_ESTABLISHED;
+	return XVS_ACT_NAT;
+}
+
+/* Reply from a backend (rev: its reply entry, fe: the flow): the frontend
+ * becomes the source again, and the client the destination. */
+static __noinline int flow_reply(const struct xvs_pkt *p, struct xvs_ct_entry *rev, struct xvs_ct_entry *fe,
+				 struct flow_res *res)
 {
 	struct xvs_rewrite *rw = &res->rw;
-	__u64 now = res->now;
-	bool snat = e->flags & XVS_CT_F_SNAT;
-	const __u8 *client = snat ? e->snat_addr : p->daddr;
-	__be16 cport = snat ? e->snat_port : p->dport;
-	bool first = false;
+	bool first = !(fe->flags & XVS_CT_F_SEEN_REPLY);
 
-	if (!(e->flags & XVS_CT_F_SEEN_REPLY)) {
-		/* First reply: the forward entry learns the flow is
-		 * established, so it takes the long timeout. */
-		struct xvs_ct_key fk = {};
-		struct xvs_ct_entry *fe;
-
-		ct_key(&fk, client, e->nat_addr, cport, e->nat_port, p->proto, p->family);
-		fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
-		if (fe) {
-			fe->flags |= XVS_CT_F_SEEN_REPLY;
-			fe->expires = now + ct_lifetime_ns(p->proto, fe->flags);
-			stats_flush(fe);
-		}
-		first = true;
-	}
-	ct_touch(e, p, now);
-	ct_account(e, res->len, first);
-	res->verdict = XVS_V_REPLY;
+	ct_touch(fe, p, true, res->now);
+	if (first)
+		/* The forward entry's first packet and the connection. */
+		stats_flush(fe);
+	ct_account(rev, res->len, first || ct_closing(fe->state));
+	res->verdict = (fe->flags & XVS_CT_F_HOST) ? XVS_V_REPLY_HOST : XVS_V_REPLY;
 	if (!cfg_rev_nat)
 		return XVS_ACT_PASS;
-	__builtin_memcpy(rw->saddr, e->nat_addr, 16);
-	rw->sport = e->nat_port;
-	__builtin_memcpy(rw->daddr, client, 16);
-	rw->dport = cport;
+	__builtin_memcpy(rw->saddr, rev->nat_addr, 16);
+	rw->sport = rev->nat_port;
+	__builtin_memcpy(rw->daddr, rev->snat_addr, 16);
+	rw->dport = rev->snat_port;
 	return XVS_ACT_NAT;
 }
 
@@ -180,44 +179,238 @@ static __always_inline bool flow_masquerade(const struct xvs_config *cfg, const 
 	return !(svc->flags & XVS_SVC_F_LOCAL);
 }
 
-/* Insert the reply entry of a masqueraded flow under a free source port of
- * the node's address; returns the port, or 0 when none is free. */
-static __always_inline __be16 flow_snat_port(const struct xvs_config *cfg, const __u8 *node,
-					     const __u8 *be_addr, __be16 be_port, __u8 proto, __u8 family,
-					     struct xvs_ct_entry *rev, __u64 now)
+enum {
+	FLOW_ROUTE_NONE = 0, /* no route the program can use: the stack decides */
+	FLOW_ROUTE_FWD,	     /* forwarded, out of *ifindex */
+	FLOW_ROUTE_LOCAL,    /* an address of this node: delivered locally */
+};
+
+/* Where a packet from p's source to dst:dport goes, as the kernel's
+ * forwarding would route it. */
+static __noinline int flow_route(void *ctx, const struct xvs_pkt *p, const __u8 *dst, __be16 dport,
+				 __u32 *ifindex)
 {
-	__u32 lo = cfg->snat_port_min, hi = cfg->snat_port_max;
+	struct bpf_fib_lookup fib = {
+		.l4_protocol = p->proto,
+		.sport = p->sport,
+		.dport = dport,
+		.ifindex = p->ifindex,
+	};
+
+	if (p->family == XVS_FAMILY_IPV6) {
+		fib.family = 10; /* AF_INET6 */
+		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, dst, 16);
+	} else {
+		fib.family = 2; /* AF_INET */
+		fib.ipv4_src = addr_v4(p->saddr);
+		fib.ipv4_dst = addr_v4(dst);
+	}
+	switch (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		*ifindex = fib.ifindex;
+		return FLOW_ROUTE_FWD;
+	case BPF_FIB_LKUP_RET_NOT_FWDED:
+		return FLOW_ROUTE_LOCAL;
+	}
+	return FLOW_ROUTE_NONE;
+}
+
+/* Is there a socket of the node that a reply from peer:peer_port to
+ * local:port would belong to? netfilter sees the node's own connections in
+ * its conntrack table; xvs asks the socket tables instead, before it takes
+ * a masquerade port. */
+static __noinline bool flow_port_in_use(void *ctx, const struct xvs_ct_key *rk)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 len;
+
+	/* rk is the reply entry's key: backend -> local address:port. */
+	if (rk->family == XVS_FAMILY_IPV6) {
+		__builtin_memcpy(t.ipv6.saddr, rk->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, rk->daddr, 16);
+		t.ipv6.sport = rk->sport;
+		t.ipv6.dport = rk->dport;
+		len = sizeof(t.ipv6);
+	} else {
+		t.ipv4.saddr = addr_v4(rk->saddr);
+		t.ipv4.daddr = addr_v4(rk->daddr);
+		t.ipv4.sport = rk->sport;
+		t.ipv4.dport = rk->dport;
+		len = sizeof(t.ipv4);
+	}
+	if (rk->proto == IPPROTO_TCP)
+		sk = (struct bpf_sock *)bpf_skc_lookup_tcp(ctx, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else if (rk->proto == IPPROTO_UDP)
+		sk = bpf_sk_lookup_udp(ctx, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else
+		return false;
+	if (!sk)
+		return false;
+	bpf_sk_release(sk);
+	return true;
+}
+
+/* The i-th port of the masquerade range, the node's ephemeral range
+ * (where its own sockets take ports) left out. */
+static __always_inline __u16 snat_port_at(const struct xvs_config *cfg, __u32 i)
+{
+	__u32 port = cfg->snat_port_min + i;
+
+	if (cfg->snat_skip_max >= cfg->snat_skip_min && cfg->snat_skip_min && port >= cfg->snat_skip_min)
+		port += cfg->snat_skip_max - cfg->snat_skip_min + 1;
+	return (__u16)port;
+}
+
+static __always_inline __u32 snat_span(const struct xvs_config *cfg)
+{
+	__u32 lo = cfg->snat_port_min, hi = cfg->snat_port_max, span;
+
+	if (lo == 0 || hi < lo)
+		return 0;
+	span = hi - lo + 1;
+	if (cfg->snat_skip_min && cfg->snat_skip_max >= cfg->snat_skip_min && cfg->snat_skip_min >= lo &&
+	    cfg->snat_skip_max <= hi)
+		span -= cfg->snat_skip_max - cfg->snat_skip_min + 1;
+	return span;
+}
+
+/* A search for a masquerade port (see flow_snat_port), one try per
+ * bpf_loop iteration: the verifier walks the callback once, not once per
+ * try. */
+struct snat_search {
+	void *ctx;
+	const struct xvs_config *cfg;
+	const __u8 *src;
+	const __u8 *be_addr;
+	struct xvs_ct_entry *rev;
+	__u64 now;
+	__u32 start;
+	__u32 span;
+	__be16 be_port;
+	__be16 prefer;
+	__be16 found;
+	__u8 proto;
+	__u8 family;
+};
+
+static long snat_try(__u32 i, void *data)
+{
+	struct snat_search *s = data;
 	struct xvs_ct_key rk = {};
+	struct xvs_ct_entry *old;
+	__be16 port;
+
+	if (i == 0) {
+		if (!s->prefer)
+			return 0;
+		port = s->prefer;
+	} else {
+		if (!s->span)
+			return 1;
+		port = bpf_htons(snat_port_at(s->cfg, (s->start + i) % s->span));
+	}
+	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
+	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
+	if (old && ct_flow_of(&rk, old, s->now))
+		return 0;
+	if (flow_port_in_use(s->ctx, &rk))
+		return 0;
+	if (bpf_map_update_elem(&xvs_conntrack, &rk, s->rev, old ? BPF_ANY : BPF_NOEXIST))
+		return 0;
+	s->found = port;
+	return 1;
+}
+
+/* Take a source port of src towards the backend for a masqueraded (or
+ * port-clashing) flow: insert its reply entry rev under a port no live
+ * flow and no local socket holds. prefer (when nonzero) is tried first: the
+ * port the previous flow of this client tuple had, so that a reused client
+ * port recycles its mapping as netfilter's does. Returns the port, or 0
+ * when none is free. */
+static __always_inline __be16 flow_snat_port(void *ctx, const struct xvs_config *cfg, const __u8 *src,
+					     const __u8 *be_addr, __be16 be_port, __u8 proto, __u8 family,
+					     struct xvs_ct_entry *rev, __be16 prefer, __u64 now)
+{
+	struct snat_search s = {
+		.ctx = ctx,
+		.cfg = cfg,
+		.src = src,
+		.be_addr = be_addr,
+		.rev = rev,
+		.now = now,
+		.start = bpf_get_prandom_u32(),
+		.span = snat_span(cfg),
+		.be_port = be_port,
+		.prefer = prefer,
+		.proto = proto,
+		.family = family,
+	};
 
 	if (proto == IPPROTO_SCTP) {
 		/* A new SCTP port would need the CRC32c recomputed: keep the
 		 * client's own port, and give up if it is taken. */
-		lo = hi = bpf_ntohs(rev->snat_port);
+		s.prefer = rev->snat_port;
+		s.span = 0;
 	}
-	if (lo == 0 || hi < lo)
-		return 0;
-	__u32 span = hi - lo + 1;
-	__u32 start = bpf_get_prandom_u32();
+	bpf_loop(SNAT_TRIES + 1, snat_try, &s, 0);
+	return s.found;
+}
 
-	for (int i = 0; i < SNAT_TRIES; i++) {
-		__be16 port = bpf_htons((__u16)(lo + (start + i) % span));
-		struct xvs_ct_entry *old;
+/* The backend for a new flow to the frontend at key (svc: its slot 0 of
+ * the scope in use): the ClientIP affinity's, else the scheduler's. The
+ * one choice every hook makes: tc, XDP and the socket hooks. */
+static __noinline struct xvs_backend *flow_choose(const struct xvs_pkt *p, struct xvs_svc_key *key,
+						  const struct xvs_svc_value *svc, __u64 now,
+						  __u32 *backend_id)
+{
+	struct xvs_backend *be = NULL;
 
-		ct_key(&rk, be_addr, node, be_port, port, proto, family);
-		old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
-		if (old && old->expires > now)
-			continue;
-		if (bpf_map_update_elem(&xvs_conntrack, &rk, rev, old ? BPF_ANY : BPF_NOEXIST) == 0)
-			return port;
+	if (svc->flags & XVS_SVC_F_AFFINITY)
+		be = affinity_lookup(key, svc, p, now, backend_id);
+	if (!be)
+		be = lb_select(key, svc, p, backend_id);
+	if (be && (svc->flags & XVS_SVC_F_AFFINITY))
+		affinity_update(svc, p, *backend_id, now);
+	return be;
+}
+
+/* A closed or expired flow of this client tuple is being replaced: give
+ * back what it holds (counters, its least-connection count, its reply
+ * entry, so that its masquerade port is free at once). */
+static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry *old)
+{
+	struct xvs_ct_key rk = {};
+	struct xvs_ct_entry *rev;
+
+	stats_flush(old);
+	if (old->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
+		ct_release(old);
+	old->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
+	if (old->flags & XVS_CT_F_SNAT)
+		ct_key(&rk, old->nat_addr, old->snat_addr, old->nat_port, old->snat_port, p->proto,
+		       p->family);
+	else
+		ct_key(&rk, old->nat_addr, p->saddr, old->nat_port, p->sport, p->proto, p->family);
+	rev = bpf_map_lookup_elem(&xvs_conntrack, &rk);
+	if (rev && (rev->flags & XVS_CT_F_REPLY) && addr_eq(rev->snat_addr, p->saddr) &&
+	    rev->snat_port == p->sport && addr_eq(rev->nat_addr, p->daddr) && rev->nat_port == p->dport) {
+		stats_flush(rev);
+		bpf_map_delete_elem(&xvs_conntrack, &rk);
 	}
-	return 0;
 }
 
 /* First packet of a flow to a frontend: filter, choose a backend, decide
- * on masquerade, record both directions in conntrack. */
-static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key, struct xvs_svc_value *svc,
-			       struct flow_res *res)
+ * on masquerade, record both directions in conntrack. A closed or
+ * expired flow of the same client tuple is replaced. */
+static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
 {
+	struct xvs_svc_key *key = &res->key;
+	struct xvs_svc_value *svc;
+	struct xvs_ct_entry *old;
+	struct xvs_ct_key ck = {};
 	__u32 *verdict = &res->verdict;
 	__u64 now = res->now;
 	static const struct xvs_config no_config = {};
@@ -225,6 +418,10 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	__u32 zero = 0;
 	bool pod;
 
+	svc_key(key, p->daddr, p->dport, p->proto, p->family, XVS_SCOPE_POLICY);
+	svc = bpf_map_lookup_elem(&xvs_services, key);
+	if (!svc)
+		return flow_no_service(p, verdict);
 	cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 	if (!cfg)
 		cfg = &no_config;
@@ -262,27 +459,60 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 		return XVS_ACT_DROP;
 	}
 
-	struct xvs_backend *be = NULL;
 	__u32 backend_id = 0;
+	struct xvs_backend *be = flow_choose(p, key, svc, now, &backend_id);
 
-	if (svc->flags & XVS_SVC_F_AFFINITY)
-		be = affinity_lookup(key, svc, p, now, &backend_id);
-	if (!be)
-		be = lb_select(key, svc, p, &backend_id);
 	if (!be) {
 		*verdict = XVS_V_DROP_NO_BACKEND;
 		return XVS_ACT_DROP;
 	}
-	if (svc->flags & XVS_SVC_F_AFFINITY)
-		affinity_update(svc, p, backend_id, now);
 
 	const __u8 *be_addr = be->addr;
 	__be16 be_port = be->port;
 	const __u8 *node = p->family == XVS_FAMILY_IPV4 ? cfg->snat_addr4 : cfg->snat_addr6;
 	bool snat = flow_masquerade(cfg, svc, pod, addr_eq(be_addr, p->saddr)) && !addr_is_zero(node);
-	__u16 flags = (p->proto == IPPROTO_TCP) ? XVS_CT_F_SYN : 0;
-	__be16 sport = p->sport;
-	struct xvs_ct_key ck = {};
+	__u16 flags = 0;
+	__u8 state = XVS_CT_NONE;
+	__be16 sport = p->sport, prefer = 0;
+
+	if (p->proto == IPPROTO_TCP) {
+		flags = XVS_CT_F_SYN;
+		state = XVS_CT_SYN_SENT;
+	}
+	if (snat || (cfg->flags & XVS_CFG_HOST_BACKENDS)) {
+		/* Masquerade leaves by the egress interface's address, as
+		 * MASQUERADE does; a backend on this node's own address is
+		 * delivered locally, where netfilter never masquerades
+		 * (POSTROUTING is not on that path). */
+		__u32 ifindex = 0;
+		struct xvs_if_addrs *ifa;
+
+		switch (flow_route(ctx, p, be_addr, be_port, &ifindex)) {
+		case FLOW_ROUTE_LOCAL:
+			flags |= XVS_CT_F_HOST;
+			snat = false;
+			break;
+		case FLOW_ROUTE_FWD:
+			ifa = snat ? bpf_map_lookup_elem(&xvs_if_snat, &ifindex) : NULL;
+			if (ifa) {
+				const __u8 *a = p->family == XVS_FAMILY_IPV4 ? ifa->addr4 : ifa->addr6;
+
+				if (!addr_is_zero(a))
+					node = a;
+			}
+			break;
+		}
+	}
+	/* The closed or expired flow of this client tuple, if any, that this
+	 * one replaces. */
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+	if (old && !(old->flags & XVS_CT_F_REPLY)) {
+		if (old->flags & XVS_CT_F_SNAT)
+			prefer = old->snat_port;
+		flow_retire(p, old);
+	}
+
 	/* The entry is built in per-CPU scratch space: two of them on the
 	 * stack would not fit the BPF stack beside everything else. */
 	struct flow_scratch *sc = bpf_map_lookup_elem(&xvs_scratch, &zero);
@@ -297,23 +527,36 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	__builtin_memset(e, 0, sizeof(*e));
 	e->backend_id = backend_id;
 	e->svc_id = svc->svc_id;
-	e->expires = now + ct_lifetime_ns(p->proto, flags);
 	e->nat_port = p->dport;
 	e->snat_port = p->sport;
 	e->flags = flags | XVS_CT_F_REPLY;
 	__builtin_memcpy(e->nat_addr, p->daddr, 16);
 	__builtin_memcpy(e->snat_addr, p->saddr, 16);
+	if (!snat) {
+		ct_key(&ck, be_addr, p->saddr, be_port, p->sport, p->proto, p->family);
+		if (bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_NOEXIST)) {
+			struct xvs_ct_entry *have = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+
+			if (have && ct_flow_of(&ck, have, now)) {
+				/* Another live flow of this client port already
+				 * reaches this backend (through another
+				 * frontend): as netfilter resolves such a
+				 * clash, this one gets another source port. */
+				node = p->saddr;
+				snat = true;
+			} else {
+				bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
+			}
+		}
+	}
 	if (snat) {
 		e->flags |= XVS_CT_F_SNAT;
-		sport = flow_snat_port(cfg, node, be_addr, be_port, p->proto, p->family, e, now);
+		sport = flow_snat_port(ctx, cfg, node, be_addr, be_port, p->proto, p->family, e, prefer, now);
 		if (!sport) {
 			*verdict = XVS_V_DROP_SNAT_EXHAUSTED;
 			return XVS_ACT_DROP;
 		}
 		flags |= XVS_CT_F_SNAT;
-	} else {
-		ct_key(&ck, be_addr, p->saddr, be_port, p->sport, p->proto, p->family);
-		bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
 	}
 	if (lb_least_conn(svc->sched)) {
 		struct xvs_conn_counts *c = bpf_map_lookup_elem(&xvs_backend_held, &backend_id);
@@ -326,7 +569,7 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	/* Now the forward entry, in the same space. The first packet waits
 	 * in it like any other: the first reply flushes it with the
 	 * connection count. */
-	__builtin_memcpy(e->nat_addr, be->addr, sizeof(e->nat_addr));
+	__builtin_memcpy(e->nat_addr, be_addr, sizeof(e->nat_addr));
 	e->nat_port = be_port;
 	__builtin_memset(e->snat_addr, 0, sizeof(e->snat_addr));
 	e->snat_port = 0;
@@ -335,6 +578,8 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 		e->snat_port = sport;
 	}
 	e->flags = flags;
+	e->state = state;
+	e->expires = now + ct_timeout_ns(p->proto, state, flags);
 	e->packets = 1;
 	e->bytes = res->len;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
@@ -348,8 +593,9 @@ static __noinline int flow_new(const struct xvs_pkt *p, struct xvs_svc_key *key,
 	return XVS_ACT_NAT;
 }
 
-/* Decide what to do with a parsed packet; res->len is set. */
-static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res)
+/* The conntrack half of the decision: a packet of a live flow gets its
+ * translation; anything else is XVS_ACT_NEW for flow_new. */
+static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_ct_key ck = {};
 	struct xvs_ct_entry *e;
@@ -358,35 +604,55 @@ static __noinline int flow_process(const struct xvs_pkt *p, struct flow_res *res
 	res->now = now;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	if (e) {
-		if (e->flags & XVS_CT_F_REPLY)
-			return flow_reply(p, e, res);
-		if (ct_usable(e, p, now)) {
-			ct_touch(e, p, now);
-			ct_account(e, res->len, false);
-			flow_forward_rewrite(p, e, &res->rw);
-			res->verdict = XVS_V_FWD_ESTABLISHED;
-			return XVS_ACT_NAT;
-		}
-		/* The entry is about to be replaced by a new flow: count
-		 * what it still holds, give back its connection. */
-		stats_flush(e);
-		if (e->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
-			ct_release(e);
+	if (!e)
+		return XVS_ACT_NEW;
+	if (e->flags & XVS_CT_F_REPLY) {
+		struct xvs_ct_entry *fe = ct_flow_of(&ck, e, now);
+
+		/* A stale reply entry (the reaper removes it) says nothing:
+		 * the packet is not part of a live flow of ours. */
+		return fe ? flow_reply(p, e, fe, res) : XVS_ACT_NEW;
 	}
+	if (ct_usable(e, p, now))
+		return flow_established(p, e, res);
+	return XVS_ACT_NEW;
+}
+
+/* Decide what to do with a parsed packet at ingress; res->len is set. ctx
+ * is the program's context (skb or XDP buffer), for route and socket
+ * lookups. The two halves are separate subprograms so that their stack
+ * frames are siblings, not nested. */
+static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
+{
+	int act = flow_track(p, res);
+
+	if (act != XVS_ACT_NEW)
+		return act;
 	if (!p->has_l4) {
 		res->verdict = XVS_V_PASS_FRAGMENT;
 		return XVS_ACT_PASS;
 	}
+	return flow_new(ctx, p, res);
+}
 
-	struct xvs_svc_key key = {};
-	struct xvs_svc_value *svc;
+/* At a device's egress: a reply of a flow whose backend is this node's own
+ * address (a hostNetwork endpoint) leaves the node's stack here, and gets
+ * its reverse NAT. Anything else passes. */
+static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
+{
+	struct xvs_ct_key ck = {};
+	struct xvs_ct_entry *e, *fe;
 
-	svc_key(&key, p->daddr, p->dport, p->proto, p->family, XVS_SCOPE_POLICY);
-	svc = bpf_map_lookup_elem(&xvs_services, &key);
-	if (!svc)
-		return flow_no_service(p, &res->verdict);
-	return flow_new(p, &key, svc, res);
+	res->now = bpf_ktime_get_ns();
+	res->verdict = XVS_V_PASS;
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+	if (!e || (e->flags & (XVS_CT_F_REPLY | XVS_CT_F_HOST)) != (XVS_CT_F_REPLY | XVS_CT_F_HOST))
+		return XVS_ACT_PASS;
+	fe = ct_flow_of(&ck, e, res->now);
+	if (!fe)
+		return XVS_ACT_PASS;
+	return flow_reply(p, e, fe, res);
 }
 
 #endif

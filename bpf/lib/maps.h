@@ -119,6 +119,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_node_config SEC(".maps");
 
+/* Masquerade address per egress interface (ifindex), written by the agent
+ * from the node's addresses. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct xvs_if_addrs);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_if_snat SEC(".maps");
+
 /* clusterCIDR: the local-traffic detector (id = family). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);

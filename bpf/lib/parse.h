@@ -34,6 +34,8 @@ enum {
  * four and leaves the rest zero, so keys are built the same way for both
  * families. len is the IP packet's length (header included). */
 struct xvs_pkt {
+	/* The interface the packet arrived on (tc egress: leaves by). */
+	__u32 ifindex;
 	__u32 l3_off;
 	__u32 l4_off;
 	__u32 len;

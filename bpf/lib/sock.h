@@ -149,18 +149,11 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 		return sock_fail(XVS_V_SOCK_REFUSED, ECONNREFUSED);
 	}
 
-	struct xvs_backend *be = NULL;
 	__u32 backend_id = 0;
-	__u64 now = bpf_ktime_get_ns();
+	struct xvs_backend *be = flow_choose(&p, &key, svc, bpf_ktime_get_ns(), &backend_id);
 
-	if (svc->flags & XVS_SVC_F_AFFINITY)
-		be = affinity_lookup(&key, svc, &p, now, &backend_id);
-	if (!be)
-		be = lb_select(&key, svc, &p, &backend_id);
 	if (!be)
 		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
-	if (svc->flags & XVS_SVC_F_AFFINITY)
-		affinity_update(svc, &p, backend_id, now);
 
 	struct xvs_sock_value fwd = {.port = be->port}, rev = {.port = p.dport};
 

@@ -106,9 +106,14 @@ struct xvs_backend {
 	__u8 pad;
 };
 
-/* Conntrack: one entry per direction, keyed by the tuple as the packet
- * carries it. The forward entry (client -> frontend) says where to DNAT;
- * the reply entry (backend -> client) says what to restore. */
+/* Conntrack: two keys per flow, one state. The forward entry (keyed by
+ * client -> frontend as the client sends it) holds the flow: where to DNAT
+ * and masquerade, its TCP state and its expiry. The reply entry (keyed by
+ * backend -> client, or -> masquerade address, as the backend answers)
+ * holds what to restore, which is exactly the forward entry's key: a reply
+ * finds the flow's state through it, so both directions share one state
+ * machine and one expiry, and a reply entry is only ever used while its
+ * flow is alive and points back at it. */
 struct xvs_ct_key {
 	__u8 saddr[16];
 	__u8 daddr[16];
@@ -122,9 +127,9 @@ struct xvs_ct_key {
 enum xvs_ct_flags {
 	/* A reply entry: rewrite the source back to the frontend. */
 	XVS_CT_F_REPLY = 1 << 0,
-	/* FIN or RST seen: the entry lives only for the closing timeout. */
-	XVS_CT_F_CLOSING = 1 << 1,
-	/* A packet was seen in the reply direction (UDP "stream"). */
+	/* A FIN was seen from the client (forward direction). */
+	XVS_CT_F_FIN_ORIG = 1 << 1,
+	/* A packet was seen in the reply direction. */
 	XVS_CT_F_SEEN_REPLY = 1 << 2,
 	/* The flow came in as a TCP SYN. */
 	XVS_CT_F_SYN = 1 << 3,
@@ -140,31 +145,57 @@ enum xvs_ct_flags {
 	/* ...and then as an inactive one until its entry goes, as IPVS counts
 	 * connections in FIN_WAIT/TIME_WAIT. */
 	XVS_CT_F_INACTIVE = 1 << 7,
+	/* A FIN was seen from the backend (reply direction). */
+	XVS_CT_F_FIN_REPLY = 1 << 8,
+	/* The backend is on this node's own address (a hostNetwork pod): the
+	 * translated packet is delivered locally, and its replies, which
+	 * leave by a device's egress, are reverse-NATed there. */
+	XVS_CT_F_HOST = 1 << 9,
+	/* Both sides sent a FIN, the backend last (which side's ACK ends the
+	 * connection). */
+	XVS_CT_F_LAST_FIN_REPLY = 1 << 10,
+};
+
+/* TCP connection states, as netfilter names them (conntrack -L); UDP and
+ * SCTP flows stay in XVS_CT_NONE and use the unreplied/stream timeouts. */
+enum xvs_ct_state {
+	XVS_CT_NONE = 0,
+	XVS_CT_SYN_SENT = 1,
+	XVS_CT_SYN_RECV = 2,
+	XVS_CT_ESTABLISHED = 3,
+	XVS_CT_FIN_WAIT = 4,
+	XVS_CT_CLOSE_WAIT = 5,
+	XVS_CT_LAST_ACK = 6,
+	XVS_CT_TIME_WAIT = 7,
+	XVS_CT_CLOSE = 8,
 };
 
 struct xvs_ct_entry {
-	/* CLOCK_MONOTONIC ns after which the entry is dead. */
+	/* Forward entry: CLOCK_MONOTONIC ns after which the flow is dead.
+	 * Reply entry: unused (the flow's expiry is the forward entry's). */
 	__u64 expires;
 	/* The backend chosen for the flow, for counters and schedulers. The
 	 * address is also kept below: an endpoint removed from the Service
-	 * keeps its established flows until they close, as with netfilter
+	 * keeps its established TCP flows until they close, as with netfilter
 	 * conntrack. */
 	__u32 backend_id;
 	__u32 svc_id;
 	/* Forward: the backend address; reply: the frontend address. */
 	__u8 nat_addr[16];
-	/* With XVS_CT_F_SNAT. Forward: the masquerade source; reply: the
-	 * client to restore as destination. */
+	/* Forward, with XVS_CT_F_SNAT: the masquerade source. Reply: the
+	 * client, to restore as destination (always set). */
 	__u8 snat_addr[16];
 	__be16 nat_port;
 	__be16 snat_port;
 	/* enum xvs_ct_flags. */
 	__u16 flags;
-	__u16 pad;
+	/* Forward: enum xvs_ct_state. */
+	__u8 state;
+	__u8 pad;
 	/* Packets and bytes of this direction not yet added to the per-CPU
 	 * service and backend counters: they are flushed in batches (see
 	 * ct.h), so a packet of an established flow touches only its own
-	 * conntrack entry. `xvs list --stats` adds what is still pending. */
+	 * conntrack entries. `xvs list --stats` adds what is still pending. */
 	__u32 packets;
 	__u32 bytes;
 };
@@ -175,6 +206,10 @@ enum xvs_config_flags {
 	/* A local-traffic detector is configured (clusterCIDR): sources in
 	 * xvs_pod_cidrs are pods, any other source is off-cluster. */
 	XVS_CFG_DETECT_LOCAL = 1 << 1,
+	/* Some backend is on this node's own address: the tc egress program
+	 * reverse-NATs the replies of such flows (otherwise it returns at
+	 * once). */
+	XVS_CFG_HOST_BACKENDS = 1 << 2,
 };
 
 /* Node-wide settings the agent writes to xvs_node_config[0]. */
@@ -185,14 +220,26 @@ struct xvs_config {
 	__u8 snat_addr6[16];
 	/* enum xvs_config_flags. */
 	__u32 flags;
-	/* Masquerade source ports, inclusive; kept outside the kernel's
-	 * ephemeral range so that they never collide with local sockets. */
+	/* Masquerade source ports, inclusive, minus skip_min..skip_max (the
+	 * node's ephemeral range, net.ipv4.ip_local_port_range, where local
+	 * sockets pick their ports; 0..0 skips nothing). */
 	__u16 snat_port_min;
 	__u16 snat_port_max;
+	__u16 snat_skip_min;
+	__u16 snat_skip_max;
+	__u32 pad;
 	/* The agent's network namespace: the socket-level load balancer
 	 * only serves processes of the node itself (pods have their own
 	 * namespaces and go through tc). */
 	__u64 netns_cookie;
+};
+
+/* The masquerade address of an egress interface (by ifindex), as
+ * MASQUERADE picks it: the interface's first primary address of each
+ * family. A missing entry or family falls back to xvs_config's. */
+struct xvs_if_addrs {
+	__u8 addr4[16];
+	__u8 addr6[16];
 };
 
 /* Socket-level load balancing (host processes): per socket, the backend
@@ -312,6 +359,9 @@ enum xvs_verdict {
 	XVS_V_SOCK_CONNECT,	   /* a host socket connected to a backend */
 	XVS_V_SOCK_REFUSED,	   /* a host socket refused (no endpoints) */
 	XVS_V_SOCK_DROPPED,	   /* a host socket failed as DROP would */
+	XVS_V_REPLY_HOST,	   /* reply of a host-network endpoint: reverse NAT at egress */
+	XVS_V_PASS_STALE_REPLY,	   /* reply entry without its live flow: untouched */
+	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU: left to the stack */
 	XVS_V_MAX,
 };
 

@@ -61,6 +61,7 @@ static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xvs_pkt *p)
 		return false;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return false;
+	p->ifindex = ctx->ingress_ifindex;
 	p->l3_off = ETH_HLEN;
 	p->l4_off = ETH_HLEN + sizeof(*ip);
 	p->len = bpf_ntohs(ip->tot_len);
@@ -159,7 +160,7 @@ int xvs_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	meta->magic = 0;
 
-	switch (flow_process(&sc->pkt, &sc->res)) {
+	switch (flow_process(ctx, &sc->pkt, &sc->res)) {
 	case XVS_ACT_NAT:
 		if (!xdp_rewrite(ctx, &sc->pkt, &sc->res.rw)) {
 			stats_verdict(XVS_V_DROP_REWRITE, len);
