@@ -93,6 +93,10 @@ func TestPrivPacketMasquerade(t *testing.T) {
 	for i, c := range cases {
 		src := c.src
 		sport := uint16(41000 + i)
+		ephLo, ephHi, err := maps.EphemeralPorts()
+		if err != nil {
+			t.Fatal(err)
+		}
 		ret, out := e.run(t, packet(t, src, c.dst.Addr(), l4{proto: model.TCP, sport: sport, dport: c.dst.Port(), syn: true}))
 		if ret != tcActOK && ret != tcActRedirect {
 			t.Fatalf("%s: ret %d", c.name, ret)
@@ -107,8 +111,9 @@ func TestPrivPacketMasquerade(t *testing.T) {
 		if got := d.src.Addr() == nodeIP; got != c.snat {
 			t.Fatalf("%s: source %s, masquerade %v, want %v", c.name, d.src, got, c.snat)
 		}
-		if c.snat && d.src.Port() < 61000 {
-			t.Fatalf("%s: masquerade port %d outside 61000-65535", c.name, d.src.Port())
+		if c.snat && (d.src.Port() < maps.DefaultSNATPortMin || d.src.Port() >= ephLo && d.src.Port() <= ephHi) {
+			t.Fatalf("%s: masquerade port %d outside %d-%d or inside the ephemeral range %d-%d",
+				c.name, d.src.Port(), maps.DefaultSNATPortMin, maps.DefaultSNATPortMax, ephLo, ephHi)
 		}
 		// The reply, as the backend sends it, comes back to the client
 		// from the frontend.

@@ -209,11 +209,14 @@ int xvs_tc_ingress(struct __sk_buff *skb)
  * such endpoints pays one map lookup per packet. */
 static __always_inline int handle_egress(struct __sk_buff *skb, bool v6)
 {
-	struct flow_scratch *sc = flow_scratch();
 	__u32 zero = 0;
 	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 
-	if (!sc || !cfg || !(cfg->flags & XVS_CFG_HOST_BACKENDS))
+	if (!cfg || !(cfg->flags & XVS_CFG_HOST_BACKENDS))
+		return TC_ACT_OK;
+	struct flow_scratch *sc = flow_scratch();
+
+	if (!sc)
 		return TC_ACT_OK;
 	struct xvs_pkt *p = &sc->pkt;
 	struct flow_res *res = &sc->res;

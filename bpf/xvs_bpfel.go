@@ -91,6 +91,7 @@ type XvsXvsBackendFlags uint32
 
 const (
 	XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL XvsXvsBackendFlags = 1
+	XvsXvsBackendFlagsXVS_BACKEND_F_HOST  XvsXvsBackendFlags = 2
 )
 
 type XvsXvsConfig struct {

@@ -26,9 +26,36 @@ const (
 	AttachLegacy AttachMode = "legacy"
 )
 
-// legacyFilterName marks our clsact filters, so that cleanup removes only
-// what xvs attached.
-const legacyFilterName = "xvs_tc_ingress"
+// legacyFilterName marks our clsact filters (xvs_tc_ingress and
+// xvs_tc_egress), so that cleanup removes only what xvs attached.
+const legacyFilterName = "xvs_tc_"
+
+// hook is one of the two tc hooks xvs attaches to: ingress (the
+// datapath) and egress (reverse NAT for hostNetwork endpoints).
+type hook struct {
+	name   string // pin directory under PinPath, and legacy filter name
+	attach ebpf.AttachType
+	parent uint32
+}
+
+var hooks = []hook{
+	{"links", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS},
+	{"links-egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS},
+}
+
+func (o *Objects) hookProgram(h hook) *ebpf.Program {
+	if h.attach == ebpf.AttachTCXEgress {
+		return o.XvsTcEgress
+	}
+	return o.XvsTcIngress
+}
+
+func (h hook) filterName() string {
+	if h.attach == ebpf.AttachTCXEgress {
+		return legacyFilterName + "egress"
+	}
+	return legacyFilterName + "ingress"
+}
 
 // legacyPriority and legacyHandle fix our filter's place, so that attaching
 // again replaces the program atomically instead of adding a second filter.
@@ -46,14 +73,14 @@ type Attachment struct {
 	XDP string
 }
 
-func (o *Objects) linkPin(dev string) string {
-	return filepath.Join(o.cfg.PinPath, "links", dev)
+func linkPin(pinPath string, h hook, dev string) string {
+	return filepath.Join(pinPath, h.name, dev)
 }
 
-// Attach puts the tc ingress program on dev. When the device already
-// carries an xvs program (a pinned TCX link, or our clsact filter), the
-// program is swapped under the live attachment: no packet sees a device
-// without a program, and conntrack stays as it is.
+// Attach puts the tc ingress and egress programs on dev. When the device
+// already carries an xvs program (a pinned TCX link, or our clsact
+// filter), the program is swapped under the live attachment: no packet
+// sees a device without a program, and conntrack stays as it is.
 func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
 	nl, err := netlink.LinkByName(dev)
 	if err != nil {
@@ -61,9 +88,9 @@ func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
 	}
 	ifindex := nl.Attrs().Index
 	if mode != AttachLegacy {
-		a, err := o.attachTCX(dev, ifindex)
+		err := o.attachTCX(dev, ifindex)
 		if err == nil {
-			return a, nil
+			return Attachment{Device: dev, Mode: AttachTCX}, nil
 		}
 		if mode == AttachTCX || !errors.Is(err, ebpf.ErrNotSupported) {
 			return Attachment{}, err
@@ -75,17 +102,26 @@ func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
 	return Attachment{Device: dev, Mode: AttachLegacy}, nil
 }
 
-func (o *Objects) attachTCX(dev string, ifindex int) (Attachment, error) {
-	pin := o.linkPin(dev)
+func (o *Objects) attachTCX(dev string, ifindex int) error {
+	for _, h := range hooks {
+		if err := o.attachTCXHook(h, dev, ifindex); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (o *Objects) attachTCXHook(h hook, dev string, ifindex int) error {
+	pin := linkPin(o.cfg.PinPath, h, dev)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		info, ierr := l.Info()
 		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			err := l.Update(o.XvsTcIngress)
+			err := l.Update(o.hookProgram(h))
 			l.Close()
 			if err != nil {
-				return Attachment{}, fmt.Errorf("replace program on %s: %w", dev, err)
+				return fmt.Errorf("replace program on %s: %w", dev, err)
 			}
-			return Attachment{Device: dev, Mode: AttachTCX}, nil
+			return nil
 		}
 		// A pin left by a device that went away (or was recreated under
 		// the same name): drop it and attach afresh.
@@ -94,20 +130,20 @@ func (o *Objects) attachTCX(dev string, ifindex int) (Attachment, error) {
 	}
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
-		Program:   o.XvsTcIngress,
-		Attach:    ebpf.AttachTCXIngress,
+		Program:   o.hookProgram(h),
+		Attach:    h.attach,
 	})
 	if err != nil {
-		return Attachment{}, fmt.Errorf("attach tcx to %s: %w", dev, err)
+		return fmt.Errorf("attach tcx to %s: %w", dev, err)
 	}
 	defer l.Close()
 	if err := os.MkdirAll(filepath.Dir(pin), 0o755); err != nil {
-		return Attachment{}, err
+		return err
 	}
 	if err := l.Pin(pin); err != nil {
-		return Attachment{}, fmt.Errorf("pin link of %s: %w", dev, err)
+		return fmt.Errorf("pin link of %s: %w", dev, err)
 	}
-	return Attachment{Device: dev, Mode: AttachTCX}, nil
+	return nil
 }
 
 func (o *Objects) attachLegacy(nl netlink.Link) error {
@@ -122,20 +158,22 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 	if err := netlink.QdiscReplace(qdisc); err != nil {
 		return fmt.Errorf("clsact on %s: %w", nl.Attrs().Name, err)
 	}
-	filter := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: nl.Attrs().Index,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
-			Handle:    legacyHandle,
-			Priority:  legacyPriority,
-			Protocol:  unix.ETH_P_ALL,
-		},
-		Fd:           o.XvsTcIngress.FD(),
-		Name:         legacyFilterName,
-		DirectAction: true,
-	}
-	if err := netlink.FilterReplace(filter); err != nil {
-		return fmt.Errorf("tc filter on %s: %w", nl.Attrs().Name, err)
+	for _, h := range hooks {
+		filter := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: nl.Attrs().Index,
+				Parent:    h.parent,
+				Handle:    legacyHandle,
+				Priority:  legacyPriority,
+				Protocol:  unix.ETH_P_ALL,
+			},
+			Fd:           o.hookProgram(h).FD(),
+			Name:         h.filterName(),
+			DirectAction: true,
+		}
+		if err := netlink.FilterReplace(filter); err != nil {
+			return fmt.Errorf("tc filter on %s: %w", nl.Attrs().Name, err)
+		}
 	}
 	return nil
 }
@@ -143,9 +181,10 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 // Detach removes xvs's program from dev, whichever way it was attached.
 func Detach(pinPath, dev string) error {
 	var errs []error
-	pin := filepath.Join(pinPath, "links", dev)
-	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-		errs = append(errs, l.Unpin(), l.Close())
+	for _, h := range hooks {
+		if l, err := link.LoadPinnedLink(linkPin(pinPath, h, dev), nil); err == nil {
+			errs = append(errs, l.Unpin(), l.Close())
+		}
 	}
 	if nl, err := netlink.LinkByName(dev); err == nil {
 		errs = append(errs, detachLegacy(nl))
@@ -154,17 +193,19 @@ func Detach(pinPath, dev string) error {
 }
 
 func detachLegacy(nl netlink.Link) error {
-	filters, err := netlink.FilterList(nl, netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		return nil // no clsact qdisc: nothing of ours
-	}
-	for _, f := range filters {
-		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || !strings.HasPrefix(bf.Name, legacyFilterName) {
-			continue
+	for _, h := range hooks {
+		filters, err := netlink.FilterList(nl, h.parent)
+		if err != nil {
+			return nil // no clsact qdisc: nothing of ours
 		}
-		if err := netlink.FilterDel(bf); err != nil {
-			return fmt.Errorf("remove tc filter from %s: %w", nl.Attrs().Name, err)
+		for _, f := range filters {
+			bf, ok := f.(*netlink.BpfFilter)
+			if !ok || !strings.HasPrefix(bf.Name, legacyFilterName) {
+				continue
+			}
+			if err := netlink.FilterDel(bf); err != nil {
+				return fmt.Errorf("remove tc filter from %s: %w", nl.Attrs().Name, err)
+			}
 		}
 	}
 	return nil

@@ -22,7 +22,8 @@ type Config struct {
 	// DefaultMaglevSize.
 	MaglevSize uint32
 	// SNATPortMin and SNATPortMax bound masquerade source ports; zero
-	// means DefaultSNATPortMin..DefaultSNATPortMax.
+	// means DefaultSNATPortMin..DefaultSNATPortMax. The node's ephemeral
+	// range is skipped inside them.
 	SNATPortMin, SNATPortMax uint16
 }
 
@@ -77,7 +78,11 @@ type Datapath struct {
 	node                     nodeState
 	nodeAddrs                []netip.Addr
 	snatPortMin, snatPortMax uint16
+	snatSkipMin, snatSkipMax uint16
 	netnsCookie              uint64
+	// staleDeleted counts UDP/SCTP flows and socket choices deleted
+	// because their backend stopped serving.
+	staleDeleted uint64
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -146,6 +151,11 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 	if d.snatPortMin == 0 || d.snatPortMax < d.snatPortMin {
 		return nil, fmt.Errorf("masquerade port range %d-%d is empty", d.snatPortMin, d.snatPortMax)
 	}
+	ephLo, ephHi, err := EphemeralPorts()
+	if err != nil {
+		return nil, fmt.Errorf("masquerade ports: %w", err)
+	}
+	d.snatSkipMin, d.snatSkipMax = snatSkip(d.snatPortMin, d.snatPortMax, ephLo, ephHi)
 	if d.maglevSize == 0 {
 		d.maglevSize = DefaultMaglevSize
 	}
@@ -195,6 +205,11 @@ func (d *Datapath) recover() error {
 }
 
 func (d *Datapath) Mode() string { return "ebpf" }
+
+// StaleFlowsDeleted is how many UDP and SCTP flows (and socket-level
+// choices) syncs have deleted because their backend stopped serving
+// (kube-proxy's conntrack_reconciler_deleted_entries_total).
+func (d *Datapath) StaleFlowsDeleted() uint64 { return d.staleDeleted }
 
 // ForceFullSync makes the next Sync rewrite every entry it owns and remove
 // whatever else the maps hold, as at start: it repairs maps changed behind
@@ -356,12 +371,38 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			ws.delBackends = append(ws.delBackends, e.id)
 			d.backendIDs.free(e.id)
 			delete(d.backends, bk)
+			delete(d.node.hostBackends, bk)
 		}
 	}
 	// A new map, not clear: clearing costs what the map once held (a
 	// million backends after a full sync), at every sync after.
 	d.unreferenced = map[backendKey]struct{}{}
 	if err := d.commit(ws); err != nil {
+		return err
+	}
+	// Backends on node addresses came or went: the egress program is
+	// needed, or no longer.
+	if err := d.writeNodeConfig(d.node.config); err != nil {
+		return err
+	}
+	touched := map[frontendKey]bool{}
+	for fk := range released {
+		if datagramProto(fk.proto) {
+			touched[fk] = true
+		}
+	}
+	for _, name := range changed {
+		if sp := st.Services[name]; sp != nil {
+			for _, f := range sp.Frontends {
+				if datagramProto(f.Proto) {
+					touched[keyOf(f)] = true
+				}
+			}
+		}
+	}
+	n, err := d.flushStale(st, touched)
+	d.staleDeleted += uint64(n)
+	if err != nil {
 		return err
 	}
 	if err := d.syncClusterIPs(); err != nil {
@@ -742,6 +783,10 @@ func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint
 	var flags uint8
 	if ep.Local {
 		flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL)
+	}
+	if slices.Contains(d.nodeAddrs, bk.Addr()) {
+		flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_HOST)
+		d.node.hostBackends[bk] = struct{}{}
 	}
 	weight := max(ep.Weight, 1)
 	if !ok || e.weight != weight || e.flags != flags {

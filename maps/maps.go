@@ -41,7 +41,12 @@ type Maps struct {
 	ServiceCIDRs *ebpf.Map
 	SourceRanges *ebpf.Map
 	ClusterIPs   *ebpf.Map
-	owned        bool
+	// IfSNAT is the masquerade address per egress interface.
+	IfSNAT *ebpf.Map
+	// SockFwd is the socket-level balancer's choice per (socket,
+	// frontend).
+	SockFwd *ebpf.Map
+	owned   bool
 }
 
 // FromObjects uses the maps of loaded objects (the agent's case).
@@ -66,6 +71,8 @@ func FromObjects(o *loader.Objects) *Maps {
 		ServiceCIDRs: o.XvsServiceCidrs,
 		SourceRanges: o.XvsSourceRanges,
 		ClusterIPs:   o.XvsClusterIps,
+		IfSNAT:       o.XvsIfSnat,
+		SockFwd:      o.XvsSockFwd,
 	}
 }
 

@@ -13,14 +13,6 @@ import (
 	"github.com/xvs-lb/xvs/model"
 )
 
-// Default masquerade source ports: above Linux's default ephemeral range
-// (32768-60999), so a masqueraded flow never takes a port a local socket
-// could be using towards the same backend.
-const (
-	DefaultSNATPortMin = 61000
-	DefaultSNATPortMax = 65535
-)
-
 // nodeState is what the maps hold beyond the Services: node settings and
 // the CIDR sets, as last written.
 type nodeState struct {
@@ -36,13 +28,17 @@ type nodeState struct {
 	// dirtyIPs are the ClusterIPs whose count changed since the last
 	// write: only those are looked at.
 	dirtyIPs map[netip.Addr]bool
+	// ifSNAT is what xvs_if_snat holds, by interface index.
+	ifSNAT map[uint32]xbpf.IfAddrs
+	// hostBackends are the backends on this node's own addresses.
+	hostBackends map[backendKey]struct{}
 }
 
 func newNodeState() nodeState {
 	return nodeState{
 		podCIDRs: map[xbpf.LPMKey]bool{}, serviceCIDRs: map[xbpf.LPMKey]bool{},
 		ranges: map[uint32]map[xbpf.LPMKey]bool{}, clusterIPs: map[netip.Addr]int{}, writtenIPs: map[netip.Addr]bool{},
-		dirtyIPs: map[netip.Addr]bool{},
+		dirtyIPs: map[netip.Addr]bool{}, ifSNAT: map[uint32]xbpf.IfAddrs{}, hostBackends: map[backendKey]struct{}{},
 	}
 }
 
@@ -70,7 +66,10 @@ func cidrKeys(ps []netip.Prefix) map[xbpf.LPMKey]bool {
 
 // syncNode writes the node settings and the CIDR sets when they changed.
 func (d *Datapath) syncNode(st *model.State) error {
-	want := xbpf.NodeConf{SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax, NetnsCookie: d.netnsCookie}
+	want := xbpf.NodeConf{
+		SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax,
+		SnatSkipMin: d.snatSkipMin, SnatSkipMax: d.snatSkipMax, NetnsCookie: d.netnsCookie,
+	}
 	for _, a := range st.Node.Addresses {
 		a = a.Unmap()
 		if a.Is4() && want.SnatAddr4 == [16]byte{} {
@@ -85,6 +84,15 @@ func (d *Datapath) syncNode(st *model.State) error {
 	}
 	if len(st.PodCIDRs) > 0 {
 		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL)
+	}
+	if d.fullSync {
+		d.node.ifSNAT = map[uint32]xbpf.IfAddrs{}
+		if err := clearMap(d.m.IfSNAT); err != nil {
+			return err
+		}
+	}
+	if err := d.syncIfSNAT(); err != nil {
+		return err
 	}
 	if d.fullSync {
 		// After a restart, what the tries hold is what counts.
@@ -106,6 +114,17 @@ func (d *Datapath) syncNode(st *model.State) error {
 		return err
 	}
 	d.node.serviceCIDRs = cidrKeys(st.ServiceCIDRs)
+	return d.writeNodeConfig(want)
+}
+
+// writeNodeConfig writes the node settings (with the host-backend flag as
+// the backends have it) when they changed.
+func (d *Datapath) writeNodeConfig(want xbpf.NodeConf) error {
+	host := uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_HOST_BACKENDS)
+	want.Flags &^= host
+	if len(d.node.hostBackends) > 0 {
+		want.Flags |= host
+	}
 	if d.node.written && d.node.config == want && !d.fullSync {
 		return nil
 	}

@@ -479,11 +479,15 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 		flags = XVS_CT_F_SYN;
 		state = XVS_CT_SYN_SENT;
 	}
-	if (snat || (cfg->flags & XVS_CFG_HOST_BACKENDS)) {
+	if (be->flags & XVS_BACKEND_F_HOST) {
+		/* A backend on this node's own address is delivered locally,
+		 * where netfilter never masquerades (POSTROUTING is not on
+		 * that path); its replies are reverse-NATed at egress. */
+		flags |= XVS_CT_F_HOST;
+		snat = false;
+	} else if (snat) {
 		/* Masquerade leaves by the egress interface's address, as
-		 * MASQUERADE does; a backend on this node's own address is
-		 * delivered locally, where netfilter never masquerades
-		 * (POSTROUTING is not on that path). */
+		 * MASQUERADE does. */
 		__u32 ifindex = 0;
 		struct xvs_if_addrs *ifa;
 
@@ -493,7 +497,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 			snat = false;
 			break;
 		case FLOW_ROUTE_FWD:
-			ifa = snat ? bpf_map_lookup_elem(&xvs_if_snat, &ifindex) : NULL;
+			ifa = bpf_map_lookup_elem(&xvs_if_snat, &ifindex);
 			if (ifa) {
 				const __u8 *a = p->family == XVS_FAMILY_IPV4 ? ifa->addr4 : ifa->addr6;
 

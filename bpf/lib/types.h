@@ -94,6 +94,9 @@ struct xvs_svc_value {
 
 enum xvs_backend_flags {
 	XVS_BACKEND_F_LOCAL = 1 << 0,
+	/* The address is one of this node's own (a hostNetwork endpoint
+	 * here): flows to it are delivered locally. */
+	XVS_BACKEND_F_HOST = 1 << 1,
 };
 
 struct xvs_backend {

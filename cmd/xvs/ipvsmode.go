@@ -67,7 +67,7 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
-	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections (keep it outside net.ipv4.ip_local_port_range)")
+	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections; the node's ephemeral range (net.ipv4.ip_local_port_range) inside it is skipped")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	def := loader.DefaultConfig()
 	f.mapSizes = def
