@@ -299,7 +299,7 @@ func newMultiNode(tag, bin string) (_ *multiNode, err error) {
 		ns *lab.NS
 		ip netip.Addr
 	}{{w.PodA, mnPodA}, {w.PodB, mnPodB}} {
-		if _, err := lab.StartEcho(p.ns, netip.AddrPortFrom(p.ip, 8080)); err != nil {
+		if _, err := lab.StartBulk(p.ns, netip.AddrPortFrom(p.ip, 8080)); err != nil {
 			return nil, err
 		}
 	}
