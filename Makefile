@@ -125,7 +125,7 @@ image-packages:
 
 # A one-node cluster (kube-apiserver+etcd, controller-manager, scheduler,
 # kubelet, containerd+runc, CNI bridge, CoreDNS; no kube-proxy) in its own
-# namespaces with xvs from deploy/overlays/e2e, then upstream e2e.test
+# namespaces with xvs from hack/e2e/overlay, then upstream e2e.test
 # v1.37.2: the [sig-network] Services specs (hack/e2e/skips.sh). Root.
 # Builds its components once into /var/cache/xvs/e2e (~13 min cold).
 # JUnit and logs in bin/e2e; docs/E2E.md is rendered from them.

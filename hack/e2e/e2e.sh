@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make e2e: a one-node Kubernetes v1.37 cluster in its own PID, mount,
 # network and UTS namespaces (hack/e2e/node.sh), with xvs deployed from
-# deploy/overlays/e2e as the only Service proxy, then upstream e2e.test.
+# hack/e2e/overlay as the only Service proxy, then upstream e2e.test.
 #
 #   hack/e2e/e2e.sh [e2e.test args...]     default: the [sig-network] Services specs
 #   E2E_HOLD=1 hack/e2e/e2e.sh             bring the cluster up and keep it (Ctrl-C)
@@ -22,7 +22,8 @@ t0=$SECONDS
 say() { echo "e2e [$((SECONDS - t0))s]: $*" >&2; }
 
 BIN=$(hack/e2e/build.sh)
-say "components in $BIN ($((SECONDS - t0))s)"
+build_s=$((SECONDS - t0))
+say "components in $BIN (${build_s}s)"
 
 ART=$ROOT/bin/e2e
 RIG=$(mktemp -d /var/tmp/xvs-e2e.XXXXXX)
@@ -38,7 +39,8 @@ teardown() {
   set +e
   trap - EXIT INT TERM
   if [[ -n $node_pid ]] && kill -0 "$node_pid" 2>/dev/null; then
-    kill -TERM "$node_pid"
+    # node.sh (unshare's child, PID 1 inside) stops the cluster itself.
+    pkill -TERM -P "$node_pid" 2>/dev/null
     for i in $(seq 30); do kill -0 "$node_pid" 2>/dev/null || break; sleep 1; done
     kill -KILL "$node_pid" 2>/dev/null
     wait "$node_pid" 2>/dev/null
@@ -82,15 +84,22 @@ ln -sfn /bin/nc.openbsd "$agn/bin/nc"
 img -o "$RIG/images/agnhost.tar" -tag registry.k8s.io/e2e-test-images/agnhost:2.66.1 -rootfs "$agn" \
   -add "$BIN/agnhost=/agnhost" -entrypoint /agnhost
 bb=$(hack/e2e/rootfs.sh busybox busybox-static)
+for a in $("$bb/bin/busybox" --list); do [[ -e $bb/bin/$a ]] || ln -s busybox "$bb/bin/$a"; done
 img -o "$RIG/images/busybox.tar" -tag registry.k8s.io/e2e-test-images/busybox:1.37.0-2 -rootfs "$bb" \
-  -add "$bb/bin/busybox=/bin/sh" -cmd /bin/sh
+  -cmd /bin/sh
 img -o "$RIG/images/pause.tar" -tag registry.k8s.io/pause:3.10.2 -add "$BIN/pause=/pause" -entrypoint /pause
 img -o "$RIG/images/coredns.tar" -tag registry.k8s.io/coredns/coredns:v1.15.0 -add "$BIN/coredns=/coredns" -entrypoint /coredns
 say "images built"
 
 if (($# == 0)); then
-  set -- --ginkgo.focus='\[sig-network\] Services ' --ginkgo.skip="$(hack/e2e/skips.sh)"
+  # [sig-network] Services, and from test/e2e/network the conntrack specs,
+  # the CLOSE_WAIT one and two Granular Checks (large requests, endpoints
+  # on hostNetwork).
+  focus='\[sig-network\] Services |\[sig-network\] Conntrack |\[sig-network\] KubeProxy should set TCP CLOSE_WAIT'
+  focus+='|\[sig-network\] Networking Granular Checks: Services should (be able to handle large requests|function for service endpoints using hostNetwork)'
+  set -- --ginkgo.focus="$focus" --ginkgo.skip="$(hack/e2e/skips.sh)"
 fi
+start_s=$SECONDS
 unshare --pid --mount --net --uts --fork --kill-child --mount-proc \
   hack/e2e/node.sh "$RIG" "$BIN" "$ART" -- "$@" &
 node_pid=$!
@@ -99,5 +108,19 @@ wait "$node_pid"
 rc=$?
 set -e
 node_pid=
+{
+  echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (working tree with uncommitted changes)')"
+  echo "version=$("$XVS_BIN" --version)"
+  echo "kernel=$(uname -r) ($(nproc) CPUs, $(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1048576)) GiB)"
+  echo "k8s=$(awk '$1=="k8s.io/kubernetes"{print $2}' test/e2e/go.mod), containerd v2.4.2, runc v1.5.3, CoreDNS v1.15.0, CNI plugins v1.10.0"
+  echo "date=$(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "build=${build_s}s (0s when cached; cold: $(paste -sd' ' "$(dirname "$BIN")/times" 2>/dev/null))"
+  [[ -f $ART/bringup ]] && echo "bringup=$(cat "$ART/bringup")s"
+  [[ -f $ART/bringup ]] && echo "e2e=$((SECONDS - start_s - $(cat "$ART/bringup")))s"
+  echo "total=$((SECONDS - t0))s"
+  for a in "$@"; do
+    case $a in --ginkgo.focus=*) echo "focus=${a#--ginkgo.focus=}";; --ginkgo.skip=*) echo "skip=${a#--ginkgo.skip=}";; esac
+  done
+} >"$ART/meta.txt"
 say "e2e.test finished: exit $rc; JUnit and logs in $ART"
 exit "$rc"

@@ -42,6 +42,10 @@ umount -l "$RIG/oldsys"
 mount -t bpf bpf /sys/fs/bpf              # pins die with the namespace
 mount -t tmpfs tmpfs /run                 # /run/containerd, /run/xvs, /run/netns
 mkdir -p "$RIG/varlog"; mount --bind "$RIG/varlog" /var/log   # /var/log/pods
+# The DaemonSet's /lib/modules, from /run (this machine's kernel has no
+# loadable modules and no /lib/modules; the host's tree stays untouched).
+mkdir -p /run/lib-modules
+[[ -d /lib/modules ]] && mount --rbind /lib/modules /run/lib-modules
 mount --make-rshared /
 
 # Network: lo, and eth0 (10.77.0.2/24) whose peer eth0p is here too; the
@@ -110,8 +114,7 @@ bg kube-controller-manager kube-controller-manager --kubeconfig="$RIG/kcm.kubeco
   --bind-address=127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
   --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
   --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
-  --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 --service-cluster-ip-range=$SVC_CIDR \
-  --controllers='*,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller'
+  --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 --service-cluster-ip-range=$SVC_CIDR
 bg kube-scheduler kube-scheduler --kubeconfig="$RIG/scheduler.kubeconfig" \
   --authentication-kubeconfig="$RIG/scheduler.kubeconfig" --authorization-kubeconfig="$RIG/scheduler.kubeconfig" \
   --bind-address=127.0.0.1 --leader-elect=false
@@ -135,6 +138,10 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = 'registry.k8s.io/pause:3.10.2'
 [plugins.'io.containerd.cri.v1.runtime']
+  # This machine's root has no CAP_SYS_RESOURCE in its bounding set: no
+  # process may lower its oom_score_adj, and runc fails every sandbox
+  # (-998) otherwise. Restricted, the scores are clamped at containerd's own.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ['$BIN/cni']
     conf_dir = '$RIG/cni/net.d'
@@ -184,7 +191,7 @@ bg kubelet kubelet --config="$RIG/kubelet.yaml" --kubeconfig="$RIG/kubelet.kubec
 waitfor node 180 sh -c "kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 
 # ---- Cluster add-ons: xvs (the only Service proxy) and CoreDNS.
-kubectl apply -k "$HERE/../../deploy/overlays/e2e" >&2
+kubectl apply -k "$HERE/overlay" >&2
 kubectl apply -f "$HERE/coredns.yaml" >&2
 waitfor xvs 300 kubectl -n kube-system rollout status ds/xvs --timeout=5s
 waitfor coredns 300 kubectl -n kube-system rollout status deploy/coredns --timeout=5s
@@ -195,11 +202,17 @@ kubectl -n kube-system logs ds/xvs --tail=20 >&2 || true
 
 # ---- e2e.test.
 mkdir -p "$ART"
+echo $((SECONDS - t0)) >"$ART/bringup"
 say "e2e.test $*"
 set +e
-e2e.test --kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$BIN/kubectl" \
-  --report-dir="$ART" --e2e-output-dir="$ART" --minStartupPods=1 --ginkgo.no-color "$@" 2>&1 | tee "$ART/e2e.log" >&2
-rc=${PIPESTATUS[0]}
+# In the background, so that a signal stops it at once (bash runs traps
+# only between foreground commands).
+{ e2e.test --kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$BIN/kubectl" \
+    --report-dir="$ART" --e2e-output-dir="$ART" --minStartupPods=1 --ginkgo.no-color --ginkgo.timeout=3h --ginkgo.v "$@" 2>&1
+  echo $? >"$RIG/e2e.rc"; } | tee "$ART/e2e.log" >&2 &
+pids+=($!)
+wait $!
+rc=$(cat "$RIG/e2e.rc" 2>/dev/null || echo 1)
 set -e
 kubectl get pods -A -o wide >"$LOG/pods.txt" 2>&1 || true
 kubectl -n kube-system logs ds/xvs >"$LOG/xvs-agent.log" 2>&1 || true

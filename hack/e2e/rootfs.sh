@@ -27,4 +27,9 @@ if [[ ! -e $dir/.done ]]; then
   touch "$dir.tmp/.done"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
 fi
+# /bin/sh is written by a maintainer script (none runs here): bash, or
+# busybox.
+if [[ ! -e $dir/bin/sh ]]; then
+  if [[ -e $dir/bin/bash ]]; then ln -s bash "$dir/bin/sh"; elif [[ -e $dir/bin/busybox ]]; then ln -s busybox "$dir/bin/sh"; fi
+fi
 echo "$dir"

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Render docs/E2E.md from a make e2e run: bin/e2e/junit_01.xml (e2e.test's
+JUnit), bin/e2e/meta.txt (commit, kernel, times; written by hack/e2e/e2e.sh)
+and hack/e2e/notes.md (the analysis of failures, kept by hand).
+
+    python3 hack/e2e/report.py bin/e2e docs/E2E.md
+"""
+import glob
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+
+def main(art, out):
+    files = sorted(glob.glob(os.path.join(art, "junit*.xml")))
+    if not files:
+        print("report: no JUnit file in %s; %s not written" % (art, out), file=sys.stderr)
+        return 1
+    meta = {}
+    mp = os.path.join(art, "meta.txt")
+    if os.path.exists(mp):
+        for line in open(mp):
+            k, _, v = line.rstrip("\n").partition("=")
+            meta[k] = v
+    rows = []
+    for f in files:
+        for tc in ET.parse(f).getroot().iter("testcase"):
+            name = tc.get("name", "")
+            name = re.sub(r"^\[It\]\s*", "", name)
+            if not name.startswith("[sig-"):
+                continue  # suite setup and teardown nodes
+            status = tc.get("status") or ""
+            msg = ""
+            sk = tc.find("skipped")
+            fl = tc.find("failure")
+            er = tc.find("error")
+            if fl is not None or er is not None:
+                status = "failed"
+                node = fl if fl is not None else er
+                msg = node.get("message") or (node.text or "")
+            elif sk is not None:
+                status = "skipped"
+                msg = sk.get("message") or (sk.text or "")
+            elif not status:
+                status = "passed"
+            if status == "skipped" and re.search(r"filtered|not selected|did not match", msg, re.I):
+                continue  # outside the focus: not part of this run
+            msg = re.sub(r"\s+", " ", msg).strip()
+            msg = re.sub(r"^skipped\s*-?\s*", "", msg)
+            rows.append((name, status, float(tc.get("time", "0") or 0), msg))
+    rows.sort(key=lambda r: ({"failed": 0, "passed": 1, "skipped": 2}.get(r[1], 3), r[0]))
+    count = {s: sum(1 for r in rows if r[1] == s) for s in ("passed", "failed", "skipped")}
+    w = []
+    w.append("# xvs against upstream Kubernetes e2e (one-node cluster)\n")
+    w.append("Rendered by `make e2e` (hack/e2e/report.py) from the JUnit file of the run, kept as "
+             "`bin/e2e/junit_01.xml`. The rig: hack/e2e/README.md.\n")
+    w.append("| | |\n|---|---|")
+    for k, label in (("commit", "xvs commit"), ("version", "xvs version"), ("kernel", "kernel"),
+                     ("k8s", "Kubernetes (all components, e2e.test)"), ("date", "date"),
+                     ("build", "component build"), ("bringup", "cluster bring-up"),
+                     ("e2e", "e2e.test run"), ("total", "make e2e total")):
+        if k in meta:
+            w.append("| %s | %s |" % (label, meta[k]))
+    if "focus" in meta:
+        w.append("| focus | `%s` |" % meta["focus"].replace("|", "\\|"))
+    if "skip" in meta:
+        w.append("| skip | `%s` |" % meta["skip"].replace("|", "\\|"))
+    w.append("| result | **%d passed, %d failed, %d skipped** (%d specs) |\n" %
+             (count["passed"], count["failed"], count["skipped"], len(rows)))
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
+    if os.path.exists(notes):
+        w.append(open(notes).read().rstrip() + "\n")
+    w.append("## Spec by spec\n")
+    w.append("| spec | result | time | reason / symptom |\n|---|---|---:|---|")
+    for name, status, t, msg in rows:
+        if len(msg) > 400:
+            msg = msg[:400] + "..."
+        w.append("| %s | %s | %.0fs | %s |" % (name.replace("|", "\\|"), status, t,
+                                               msg.replace("|", "\\|")))
+    w.append("")
+    with open(out, "w") as f:
+        f.write("\n".join(w))
+    print("report: %s: %d passed, %d failed, %d skipped" % (out, count["passed"], count["failed"], count["skipped"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
