@@ -254,8 +254,10 @@ func (p *Probe) transferSpec() lab.TransferSpec {
 	case p.Transfer != nil:
 		spec.Download, spec.Upload = int64(p.Transfer.Download), int64(p.Transfer.Upload)
 		spec.Stall = time.Duration(p.Transfer.Stall)
-		// Generous: the slowest datapath and VM still move 20 MiB in seconds.
-		spec.Timeout = 60*time.Second + time.Duration(spec.Download+spec.Upload)/(1<<20)*time.Second
+		// Generous (an emulated VM moves 20 MiB in seconds), yet bounded:
+		// a broken datapath that trickles by retransmits never trips the
+		// stall check, and must not hold the run for minutes.
+		spec.Timeout = 20*time.Second + time.Duration(spec.Download+spec.Upload)/(1<<20)*time.Second
 	case p.Stream != nil:
 		spec.HalfClose = lab.HalfCloseClient
 		if p.Stream.HalfClose == "server" {
@@ -402,7 +404,10 @@ type session struct {
 }
 
 func awaitOn(us *lab.UDPSession, since time.Time, e Expect, within Duration) (string, bool) {
-	r, err := us.Await(since, time.Duration(orDefault(within, Duration(DefaultWithin))), e.Members...)
+	// within counts from the change, not from this step: a second await
+	// after the same change gets no extra time.
+	left := max(0, time.Duration(orDefault(within, Duration(DefaultWithin)))-time.Since(since))
+	r, err := us.Await(since, left, e.Members...)
 	if err != nil {
 		return err.Error(), false
 	}
