@@ -336,9 +336,8 @@ const (
 	XvsXvsVerdictXVS_V_SOCK_REFUSED        XvsXvsVerdict = 18
 	XvsXvsVerdictXVS_V_SOCK_DROPPED        XvsXvsVerdict = 19
 	XvsXvsVerdictXVS_V_REPLY_HOST          XvsXvsVerdict = 20
-	XvsXvsVerdictXVS_V_PASS_STALE_REPLY    XvsXvsVerdict = 21
-	XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED    XvsXvsVerdict = 22
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 23
+	XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED    XvsXvsVerdict = 21
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 22
 )
 
 type XvsXvsVipKey struct {

@@ -131,17 +131,12 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 	if ct.Min != nil && *ct.Min != 131072 {
 		add("conntrack.min", *ct.Min, ctReason)
 	}
-	if ct.TCPEstablishedTimeout != nil && ct.TCPEstablishedTimeout.Duration != 24*time.Hour {
-		add("conntrack.tcpEstablishedTimeout", ct.TCPEstablishedTimeout.Duration, ctReason)
-	}
-	if ct.TCPCloseWaitTimeout != nil && ct.TCPCloseWaitTimeout.Duration != time.Hour {
-		add("conntrack.tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout.Duration, ctReason)
-	}
+	// The timeouts (tcpEstablishedTimeout, tcpCloseWaitTimeout,
+	// udpTimeout, udpStreamTimeout) are honoured by the BPF conntrack in
+	// ebpf mode (loader.CTTimeouts); they are not written to the host.
 	if ct.TCPBeLiberal {
 		add("conntrack.tcpBeLiberal", true, ctReason)
 	}
-	dur("conntrack.udpTimeout", ct.UDPTimeout.Duration, 0, ctReason)
-	dur("conntrack.udpStreamTimeout", ct.UDPStreamTimeout.Duration, 0, ctReason)
 
 	for name, v := range c.FeatureGates {
 		want, known := KnownFeatureGates[name]

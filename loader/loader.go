@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -44,9 +45,19 @@ type Config struct {
 	MaxBackends uint32
 	// ConntrackSize is the number of conntrack entries (two per flow).
 	ConntrackSize uint32
+	// Timeouts are the conntrack timeouts kube-proxy's configuration
+	// sets (conntrack.*); zero fields keep the programs' defaults.
+	Timeouts CTTimeouts
 	// DisableRevNAT is a fault-injection knob for conformance tests that
 	// show a broken datapath gets caught. Never set it in production.
 	DisableRevNAT bool
+}
+
+// CTTimeouts are the conntrack timeouts of KubeProxyConfiguration's
+// conntrack section, which xvs applies to its own conntrack (defaults: 24h,
+// 1h, 30s, 120s, as kube-proxy and netfilter have them).
+type CTTimeouts struct {
+	TCPEstablished, TCPCloseWait, UDP, UDPStream time.Duration
 }
 
 // DefaultConfig returns sizes fit for a node with tens of thousands of
@@ -116,6 +127,19 @@ func Load(cfg Config) (*Objects, error) {
 		xbpf.XvsMapXvsClusterIps:    cfg.MaxServices,
 	} {
 		spec.Maps[name].MaxEntries = size
+	}
+	for name, d := range map[string]time.Duration{
+		xbpf.XvsVarCfgCtTcpEstablishedS: cfg.Timeouts.TCPEstablished,
+		xbpf.XvsVarCfgCtTcpCloseWaitS:   cfg.Timeouts.TCPCloseWait,
+		xbpf.XvsVarCfgCtUdpS:            cfg.Timeouts.UDP,
+		xbpf.XvsVarCfgCtUdpStreamS:      cfg.Timeouts.UDPStream,
+	} {
+		if d <= 0 {
+			continue
+		}
+		if err := spec.Variables[name].Set(uint32(max(d/time.Second, 1))); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
 	}
 	if cfg.DisableRevNAT {
 		if err := spec.Variables[xbpf.XvsVarCfgRevNat].Set(uint8(0)); err != nil {

@@ -72,6 +72,8 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_SOCK_CONNECT:        "host_socket_balanced",
 	xbpf.XvsXvsVerdictXVS_V_SOCK_REFUSED:        "host_socket_refused",
 	xbpf.XvsXvsVerdictXVS_V_SOCK_DROPPED:        "host_socket_dropped",
+	xbpf.XvsXvsVerdictXVS_V_REPLY_HOST:          "reply_host_endpoint",
+	xbpf.XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED:    "pass_frag_needed",
 }
 
 // VerdictName is the metric/listing name of a verdict.

@@ -363,7 +363,6 @@ enum xvs_verdict {
 	XVS_V_SOCK_REFUSED,	   /* a host socket refused (no endpoints) */
 	XVS_V_SOCK_DROPPED,	   /* a host socket failed as DROP would */
 	XVS_V_REPLY_HOST,	   /* reply of a host-network endpoint: reverse NAT at egress */
-	XVS_V_PASS_STALE_REPLY,	   /* reply entry without its live flow: untouched */
 	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU: left to the stack */
 	XVS_V_MAX,
 };

@@ -123,6 +123,7 @@ func parseAgentArgs(args []string) (*config.Options, agentFlags, error) {
 	f.mode.proxyMode = string(c.Mode)
 	f.mode.metricsAddr = "" // served with the kube-proxy metrics (agent_http.go)
 	ipvsFromConfig(&f.mode, o, set)
+	conntrackFromConfig(&f.mode, o)
 	if err := f.mode.validate(); err != nil {
 		return nil, f, err
 	}
@@ -155,6 +156,20 @@ func ipvsFromConfig(m *modeFlags, o *config.Options, set map[string]bool) {
 			*d.dst = d.v
 		}
 	}
+}
+
+// conntrackFromConfig takes the conntrack timeouts of the configuration
+// (or of kube-proxy's --conntrack-* flags) into the ebpf mode's own
+// conntrack.
+func conntrackFromConfig(m *modeFlags, o *config.Options) {
+	ct := &o.Config.Conntrack
+	if ct.TCPEstablishedTimeout != nil {
+		m.timeouts.TCPEstablished = ct.TCPEstablishedTimeout.Duration
+	}
+	if ct.TCPCloseWaitTimeout != nil {
+		m.timeouts.TCPCloseWait = ct.TCPCloseWaitTimeout.Duration
+	}
+	m.timeouts.UDP, m.timeouts.UDPStream = ct.UDPTimeout.Duration, ct.UDPStreamTimeout.Duration
 }
 
 // cleanupAll is --cleanup: remove both modes' state and exit, as

@@ -51,6 +51,7 @@ type modeFlags struct {
 	masqPorts  string
 	maglevSize uint
 	mapSizes   loader.Config // the Max* and ConntrackSize fields
+	timeouts   loader.CTTimeouts
 }
 
 func (f *modeFlags) register(fs *flag.FlagSet) {
@@ -286,6 +287,7 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	lcfg.MaxServiceSlots, lcfg.ConntrackSize = f.mode.mapSizes.MaxServiceSlots, f.mode.mapSizes.ConntrackSize
 	lcfg.PinPath = f.pinPath
 	lcfg.DisableRevNAT = f.disableRevNATDbg
+	lcfg.Timeouts = f.mode.timeouts
 	objs, err := loader.Load(lcfg)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,144 @@
+package maps
+
+import (
+	"fmt"
+	"net/netip"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Stale UDP and SCTP flows. A UDP client that keeps its source port (a DNS
+// resolver, RTP, QUIC, statsd) would stay on its first backend for as long
+// as it keeps talking, even after that endpoint went away: conntrack keeps
+// the flow alive. kube-proxy's conntrack reconciler deletes, after each
+// sync, the UDP entries of a Service port whose backend is not a serving
+// endpoint any more, and those of deleted Services (SEMANTICS 3.17); xvs
+// does the same for its own conntrack and for the socket-level balancer's
+// per-socket choices, and for SCTP too. TCP flows stay: the old endpoint's
+// RST ends them, and removed-but-terminating endpoints keep their
+// established connections (graceful termination).
+
+// datagramProto says whether flows of the protocol are flushed.
+func datagramProto(p model.Protocol) bool { return p == model.UDP || p == model.SCTP }
+
+// servingSet is every endpoint a ServicePort's frontends may use, both
+// policies and both families: a flow to anything else is stale.
+func servingSet(sp *model.ServicePort) map[netip.AddrPort]bool {
+	out := make(map[netip.AddrPort]bool, len(sp.ClusterEndpoints)+len(sp.LocalEndpoints))
+	for _, set := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, e := range set {
+			if e.Serving {
+				out[netip.AddrPortFrom(e.Addr.Unmap(), e.Port)] = true
+			}
+		}
+	}
+	return out
+}
+
+// staleFlows decides, for the flows of the frontends in touched, whether
+// their backend is still serving.
+type staleFlows struct {
+	st      *model.State
+	owners  map[frontendKey]model.ServicePortName
+	touched map[frontendKey]bool
+	sets    map[model.ServicePortName]map[netip.AddrPort]bool
+}
+
+func (s *staleFlows) stale(fk frontendKey, backend netip.AddrPort) bool {
+	if !s.touched[fk] {
+		return false
+	}
+	name, ok := s.owners[fk]
+	if !ok {
+		return true // the frontend went away
+	}
+	set, ok := s.sets[name]
+	if !ok {
+		sp := s.st.Services[name]
+		if sp == nil {
+			return true
+		}
+		set = servingSet(sp)
+		s.sets[name] = set
+	}
+	return !set[backend]
+}
+
+// flushStale deletes the UDP and SCTP flows (both conntrack entries) and
+// the socket-level choices of the frontends in touched whose backend no
+// longer serves them. It returns the number of flows and socket choices
+// deleted.
+func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) (int, error) {
+	if len(touched) == 0 {
+		return 0, nil
+	}
+	s := &staleFlows{st: st, owners: d.owners, touched: touched, sets: map[model.ServicePortName]map[netip.AddrPort]bool{}}
+	ct := d.m.Conntrack
+	var del []xbpf.CtKey
+	var k xbpf.CtKey
+	var e xbpf.CtEntry
+	it := ct.Iterate()
+	for it.Next(&k, &e) {
+		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
+			continue
+		}
+		fk := frontendKey{addr: decodeAddr(k.Daddr, k.Family), port: ntohs(k.Dport), proto: model.Protocol(k.Proto)}
+		backend := netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort))
+		if !s.stale(fk, backend) {
+			continue
+		}
+		del = append(del, k)
+		// Its reply entry: backend -> client, or -> the masquerade
+		// address.
+		rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
+		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
+			rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
+		}
+		del = append(del, rk)
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read conntrack: %w", err)
+	}
+	for _, k := range del {
+		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
+			return 0, fmt.Errorf("delete stale flow: %w", err)
+		}
+	}
+	flows := len(del) / 2
+
+	var sk xbpf.XvsXvsSockKey
+	var sv xbpf.XvsXvsSockValue
+	var socks []xbpf.XvsXvsSockKey
+	sit := d.m.SockFwd.Iterate()
+	for sit.Next(&sk, &sv) {
+		if !datagramProto(model.Protocol(sk.Proto)) {
+			continue
+		}
+		fam := sockFamily(sk.Addr)
+		fk := frontendKey{addr: decodeAddr(sk.Addr, fam), port: ntohs(sk.Port), proto: model.Protocol(sk.Proto)}
+		if s.stale(fk, netip.AddrPortFrom(decodeAddr(sv.Addr, fam), ntohs(sv.Port))) {
+			socks = append(socks, sk)
+		}
+	}
+	if err := sit.Err(); err != nil {
+		return flows, fmt.Errorf("read socket choices: %w", err)
+	}
+	for _, k := range socks {
+		if err := d.m.SockFwd.Delete(&k); err != nil && !isNotExist(err) {
+			return flows, fmt.Errorf("delete stale socket choice: %w", err)
+		}
+	}
+	return flows + len(socks), nil
+}
+
+// sockFamily tells the family of a socket-map address, which carries none:
+// IPv4 addresses are zero-padded.
+func sockFamily(a [16]byte) uint8 {
+	for _, b := range a[4:] {
+		if b != 0 {
+			return xbpf.FamilyIPv6
+		}
+	}
+	return xbpf.FamilyIPv4
+}
