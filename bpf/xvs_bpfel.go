@@ -178,6 +178,15 @@ const (
 	XvsXvsCtStateXVS_CT_CLOSE       XvsXvsCtState = 8
 )
 
+type XvsXvsFrag6Key struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type XvsXvsFragKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -359,6 +368,7 @@ const (
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsFragments         = "xvs_fragments"
+	XvsMapXvsFragments6        = "xvs_fragments6"
 	XvsMapXvsIfSnat            = "xvs_if_snat"
 	XvsMapXvsLbScan            = "xvs_lb_scan"
 	XvsMapXvsMembers           = "xvs_members"
@@ -487,6 +497,7 @@ type XvsMapSpecs struct {
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
+	XvsFragments6    *ebpf.MapSpec `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.MapSpec `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.MapSpec `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
@@ -567,6 +578,7 @@ type XvsMaps struct {
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
+	XvsFragments6    *ebpf.Map `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.Map `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.Map `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
@@ -594,6 +606,7 @@ func (m *XvsMaps) Close() error {
 		m.XvsClusterIps,
 		m.XvsConntrack,
 		m.XvsFragments,
+		m.XvsFragments6,
 		m.XvsIfSnat,
 		m.XvsLbScan,
 		m.XvsMembers,

@@ -44,6 +44,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_fragments SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_frag6_key);
+	__type(value, struct xvs_frag_ports);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_fragments6 SEC(".maps");
+
 /* Scheduler tables (wrr sequences, Maglev tables) of u32 backend IDs, one
  * inner array per (frontend, scope). The agent builds a new inner map and
  * swaps it in with one update, so a packet never sees a half-built table. */

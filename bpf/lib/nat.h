@@ -61,14 +61,19 @@ static __always_inline int nat_rewrite_v6(struct __sk_buff *skb, const struct xv
 	const __u8 *old = src ? p->saddr : p->daddr;
 	int ret;
 
-	if (!addr_eq(old, addr) && p->proto != IPPROTO_SCTP) {
-		__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)addr, 16, 0);
+	if (!addr_eq(old, addr)) {
+		/* SCTP's checksum does not cover the addresses; a later
+		 * fragment carries no L4 header. */
+		if (p->has_l4 && p->proto != IPPROTO_SCTP) {
+			__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)addr, 16, 0);
 
-		if (diff < 0)
-			return (int)diff;
-		ret = bpf_l4_csum_replace(skb, l4_csum_off(p), 0, diff, l4_csum_flags(p) | BPF_F_PSEUDO_HDR);
-		if (ret)
-			return ret;
+			if (diff < 0)
+				return (int)diff;
+			ret = bpf_l4_csum_replace(skb, l4_csum_off(p), 0, diff,
+						  l4_csum_flags(p) | BPF_F_PSEUDO_HDR);
+			if (ret)
+				return ret;
+		}
 		ret = bpf_skb_store_bytes(skb, p->l3_off + (src ? IPV6_SADDR_OFF : IPV6_DADDR_OFF), addr, 16,
 					  0);
 		if (ret)

@@ -137,7 +137,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct xvs_pkt *p)
 
 /* Parse an IPv4 packet whose network header starts at l3_off. Returns one of
  * the XVS_PARSE_* codes and fills p. */
-static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+static __attribute__((noinline)) int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -211,10 +211,27 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struc
 	return XVS_PARSE_OK;
 }
 
-/* Parse an IPv6 packet whose header starts at l3_off. TCP or UDP must
- * follow the fixed header directly: extension headers (fragments among
- * them) are left to the stack untouched. */
-static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+/* IPv6 extension headers the parser walks (RFC 8200 4.1). */
+#define IPV6_EXT_HOPOPTS  0
+#define IPV6_EXT_ROUTING  43
+#define IPV6_EXT_FRAGMENT 44
+#define IPV6_EXT_DSTOPTS  60
+#define IPV6_EXT_MAX	  4
+#define IPV6_FRAG_OFFSET  0xfff8
+#define IPV6_FRAG_MF	  0x0001
+
+struct ipv6_frag_hdr {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;
+	__be32 id;
+};
+
+/* Parse an IPv6 packet whose header starts at l3_off, through up to
+ * IPV6_EXT_MAX extension headers (hop-by-hop, routing, destination
+ * options, fragment) to TCP, UDP or SCTP. A later fragment takes its ports
+ * from the first, as for IPv4. */
+static __attribute__((noinline)) int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -231,22 +248,77 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struc
 	}
 	if (ip6->version != 6)
 		return XVS_PARSE_MALFORMED;
-	if (!l4_balanced(ip6->nexthdr))
-		return XVS_PARSE_IGNORE;
 
 	__u32 plen = bpf_ntohs(ip6->payload_len);
-	if (l3_off + sizeof(*ip6) + plen > skb->len || plen < (__u32)l4_hdr_len(ip6->nexthdr))
+	__u8 nexthdr = ip6->nexthdr;
+
+	if (l3_off + sizeof(*ip6) + plen > skb->len)
 		return XVS_PARSE_MALFORMED;
 	p->l3_off = l3_off;
-	p->l4_off = l3_off + sizeof(*ip6);
 	p->len = sizeof(*ip6) + plen;
 	p->family = XVS_FAMILY_IPV6;
-	p->proto = ip6->nexthdr;
 	p->tcp_flags = 0;
 	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+
+	__u32 off = l3_off + sizeof(*ip6);
+	struct ipv6_frag_hdr fh;
+	bool frag = false;
+
+	for (int i = 0; i < IPV6_EXT_MAX; i++) {
+		if (l4_balanced(nexthdr))
+			break;
+		if (nexthdr == IPV6_EXT_FRAGMENT) {
+			if (frag || bpf_skb_load_bytes(skb, off, &fh, sizeof(fh)))
+				return XVS_PARSE_MALFORMED;
+			frag = true;
+			nexthdr = fh.nexthdr;
+			off += sizeof(fh);
+			continue;
+		}
+		if (nexthdr != IPV6_EXT_HOPOPTS && nexthdr != IPV6_EXT_ROUTING && nexthdr != IPV6_EXT_DSTOPTS)
+			return XVS_PARSE_IGNORE;
+		__u8 ext[2];
+
+		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
+			return XVS_PARSE_MALFORMED;
+		nexthdr = ext[0];
+		off += ((__u32)ext[1] + 1) * 8;
+	}
+	if (!l4_balanced(nexthdr))
+		return XVS_PARSE_IGNORE;
+	if (off > l3_off + sizeof(*ip6) + plen)
+		return XVS_PARSE_MALFORMED;
+	p->proto = nexthdr;
+	p->l4_off = off;
+
+	struct xvs_frag6_key fk = {.id = frag ? fh.id : 0, .proto = nexthdr};
+
+	if (frag) {
+		__builtin_memcpy(fk.saddr, p->saddr, 16);
+		__builtin_memcpy(fk.daddr, p->daddr, 16);
+	}
+	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_OFFSET)) {
+		/* A later fragment: no ports here; take them from the first. */
+		struct xvs_frag_ports *fp = bpf_map_lookup_elem(&xvs_fragments6, &fk);
+
+		if (!fp)
+			return XVS_PARSE_FRAGMENT;
+		p->sport = fp->sport;
+		p->dport = fp->dport;
+		p->has_l4 = false;
+		return XVS_PARSE_OK;
+	}
+	if (off + l4_hdr_len(nexthdr) > l3_off + sizeof(*ip6) + plen)
+		return XVS_PARSE_MALFORMED;
 	if (parse_l4(skb, p))
 		return XVS_PARSE_MALFORMED;
+	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_MF)) {
+		/* First fragment of several: remember its ports. */
+		struct xvs_frag_ports fp = {.sport = p->sport, .dport = p->dport};
+
+		bpf_map_update_elem(&xvs_fragments6, &fk, &fp, BPF_ANY);
+	}
 	return XVS_PARSE_OK;
 }
 

@@ -326,6 +326,16 @@ struct xvs_frag_key {
 	__u8 pad;
 };
 
+/* The same for IPv6 fragments (RFC 8200 4.5: the Fragment header's
+ * identification, per source and destination). */
+struct xvs_frag6_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
 struct xvs_frag_ports {
 	__be16 sport;
 	__be16 dport;
