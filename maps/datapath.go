@@ -25,6 +25,9 @@ type Config struct {
 	// means DefaultSNATPortMin..DefaultSNATPortMax. The node's ephemeral
 	// range is skipped inside them.
 	SNATPortMin, SNATPortMax uint16
+	// MasqueradeAddrs, when set, are the addresses (one per family)
+	// masqueraded flows leave from, whatever their egress interface.
+	MasqueradeAddrs []netip.Addr
 }
 
 // Datapath realises a model.State in the BPF maps (model.Datapath).
@@ -79,6 +82,7 @@ type Datapath struct {
 	nodeAddrs                []netip.Addr
 	snatPortMin, snatPortMax uint16
 	snatSkipMin, snatSkipMax uint16
+	masqAddrs                []netip.Addr
 	netnsCookie              uint64
 	// staleDeleted counts UDP/SCTP flows and socket choices deleted
 	// because their backend stopped serving.
@@ -143,6 +147,7 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 		node:         newNodeState(),
 		snatPortMin:  cfg.SNATPortMin,
 		snatPortMax:  cfg.SNATPortMax,
+		masqAddrs:    cfg.MasqueradeAddrs,
 		netnsCookie:  netnsCookie(),
 	}
 	if d.snatPortMin == 0 && d.snatPortMax == 0 {

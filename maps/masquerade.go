@@ -96,10 +96,15 @@ func ifAddrs() (map[uint32]xbpf.IfAddrs, error) {
 // syncIfSNAT makes xvs_if_snat hold the interfaces' masquerade addresses
 // as the node has them now.
 func (d *Datapath) syncIfSNAT() error {
-	want, err := ifAddrs()
-	if err != nil {
-		return err
+	want := map[uint32]xbpf.IfAddrs{}
+	if len(d.masqAddrs) == 0 {
+		var err error
+		if want, err = ifAddrs(); err != nil {
+			return err
+		}
 	}
+	// With --masquerade-address, the map stays empty: every flow
+	// leaves from the configured address (xvs_config's).
 	for idx, v := range want {
 		if have, ok := d.node.ifSNAT[idx]; ok && have == v {
 			continue

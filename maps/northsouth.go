@@ -70,7 +70,7 @@ func (d *Datapath) syncNode(st *model.State) error {
 		SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax,
 		SnatSkipMin: d.snatSkipMin, SnatSkipMax: d.snatSkipMax, NetnsCookie: d.netnsCookie,
 	}
-	for _, a := range st.Node.Addresses {
+	for _, a := range append(slices.Clone(d.masqAddrs), st.Node.Addresses...) {
 		a = a.Unmap()
 		if a.Is4() && want.SnatAddr4 == [16]byte{} {
 			want.SnatAddr4, _ = encodeAddr(a)

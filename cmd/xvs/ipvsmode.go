@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -49,6 +50,7 @@ type modeFlags struct {
 	ipvsDeviceName string
 	// ebpf mode's own.
 	masqPorts  string
+	masqAddrs  string
 	maglevSize uint
 	mapSizes   loader.Config // the Max* and ConntrackSize fields
 	timeouts   loader.CTTimeouts
@@ -68,6 +70,7 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
+	fs.StringVar(&f.masqAddrs, "masquerade-address", "", "ebpf mode: comma-separated addresses (one per family) masqueraded connections leave from, instead of the egress interface's primary address")
 	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections; the node's ephemeral range (net.ipv4.ip_local_port_range) inside it is skipped")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	def := loader.DefaultConfig()
@@ -297,9 +300,15 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 		objs.Close()
 		return nil, fmt.Errorf("--masquerade-port-range: %w", err)
 	}
+	masq, err := parseAddrList(f.mode.masqAddrs)
+	if err != nil {
+		objs.Close()
+		return nil, fmt.Errorf("--masquerade-address: %w", err)
+	}
 	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{
 		MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends,
 		SNATPortMin: lo, SNATPortMax: hi, MaglevSize: uint32(f.mode.maglevSize),
+		MasqueradeAddrs: masq,
 	})
 	if err != nil {
 		objs.Close()
@@ -394,4 +403,26 @@ func uint32Flag(dst *uint32) func(string) error {
 		*dst = uint32(n)
 		return nil
 	}
+}
+
+// parseAddrList parses comma-separated addresses, at most one per family.
+func parseAddrList(s string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	seen := map[bool]bool{}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, err
+		}
+		a = a.Unmap()
+		if seen[a.Is4()] {
+			return nil, fmt.Errorf("%s: one address per family", a)
+		}
+		seen[a.Is4()] = true
+		out = append(out, a)
+	}
+	return out, nil
 }

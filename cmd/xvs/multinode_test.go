@@ -12,7 +12,9 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 )
 
-func newMultiNodeWorld(t *testing.T) *multiNode {
+// newMultiNodeWorld builds the two-node lab, runs setup (changes to the
+// nodes the agents must find at start), then starts both agents.
+func newMultiNodeWorld(t *testing.T, setup ...func(*multiNode) error) *multiNode {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("multi-node lab tests need root (network namespaces, BPF); run them as root")
@@ -35,6 +37,11 @@ func newMultiNodeWorld(t *testing.T) *multiNode {
 		}
 		w.Close()
 	})
+	for _, f := range setup {
+		if err := f(w); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := w.startAgents(); err != nil {
 		t.Fatal(err)
 	}

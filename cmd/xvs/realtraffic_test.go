@@ -235,3 +235,35 @@ func TestPrivRealTrafficHostNetworkEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivRealTrafficMultiHomed: node A's primary address (its Node's
+// InternalIP, where the NodePort is) is not routable from node B; only
+// the address of A's fabric interface is, as on a node with a public NIC
+// for clients and a private one to the other nodes. Masquerade must use
+// the egress interface's address, as MASQUERADE does, or node B's pod
+// cannot answer.
+func TestPrivRealTrafficMultiHomed(t *testing.T) {
+	fabricA := netip.MustParseAddr("192.168.61.2")
+	w := newMultiNodeWorld(t, func(w *multiNode) error {
+		dev := w.A.IfaceNames(lab.RoleFabric)[0]
+		if err := w.A.AddAddr(dev, netip.PrefixFrom(fabricA, 32)); err != nil {
+			return err
+		}
+		if err := w.B.DelRoute(netip.PrefixFrom(mnNodeA, 32)); err != nil {
+			return err
+		}
+		bdev := w.B.IfaceNames(lab.RoleFabric)[0]
+		return w.B.AddRoute(netip.PrefixFrom(fabricA, 32), netip.Addr{}, bdev)
+	})
+	for _, spec := range []lab.TransferSpec{{Download: 20 * mib, Upload: 10 * mib}, {Download: 1}} {
+		r := transfer(t, w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080), spec)
+		if r.Server.Local != netip.AddrPortFrom(mnPodB, 8080) || r.Server.Peer.Addr() != fabricA {
+			t.Fatalf("served by %s seeing %s, want the pod on node B seeing %s (the fabric interface's address)",
+				r.Server.Local, r.Server.Peer, fabricA)
+		}
+	}
+	r, err := lab.UDPExchange(w.Client, netip.AddrPortFrom(mnClient, 0), netip.AddrPortFrom(mnNodeA, 30080), 1200, 2*time.Second)
+	if err != nil || r.Server.Peer.Addr() != fabricA {
+		t.Fatalf("UDP: %+v, %v: want the pod on node B seeing %s", r, err, fabricA)
+	}
+}
