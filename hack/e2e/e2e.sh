@@ -79,12 +79,20 @@ fi
 img() { go run ./hack/image "$@"; }
 img -o "$RIG/images/xvs.tar" -tag ghcr.io/xvs-lb/xvs:e2e -add "$XVS_BIN=/usr/local/bin/xvs" \
   -rootfs "$(hack/e2e/rootfs.sh xvs $(make -s image-packages))" -entrypoint /usr/local/bin/xvs
-agn=$(hack/e2e/rootfs.sh agnhost bash coreutils netcat-openbsd bind9-dnsutils curl iproute2 socat procps iputils-ping conntrack)
-ln -sfn /bin/nc.openbsd "$agn/bin/nc"
+# agnhost's own image is Alpine: bind-tools curl netcat-openbsd iproute2
+# bash socat, and busybox for everything else. GNU wget: Debian's static
+# busybox 1.35 wget -T (which e2e uses) exits 139 (SIGSEGV).
+agn=$(hack/e2e/rootfs.sh agnhost bash coreutils netcat-openbsd bind9-dnsutils curl iproute2 socat procps iputils-ping conntrack wget busybox)
+ln -sfn nc.openbsd "$agn/bin/nc"
+for a in $("$agn/bin/busybox" --list); do
+  [[ -e $agn/bin/$a || -L $agn/bin/$a || -e $agn/usr/bin/$a || -e $agn/sbin/$a || -e $agn/usr/sbin/$a ]] || ln -s busybox "$agn/bin/$a"
+done
 img -o "$RIG/images/agnhost.tar" -tag registry.k8s.io/e2e-test-images/agnhost:2.66.1 -rootfs "$agn" \
   -add "$BIN/agnhost=/agnhost" -entrypoint /agnhost
-bb=$(hack/e2e/rootfs.sh busybox busybox-static)
-for a in $("$bb/bin/busybox" --list); do [[ -e $bb/bin/$a ]] || ln -s busybox "$bb/bin/$a"; done
+# Debian busybox 1.35: its wget segfaults with -T (both builds), so GNU
+# wget (/usr/bin, ahead of /bin in PATH) as in agnhost.
+bb=$(hack/e2e/rootfs.sh busybox busybox wget)
+for a in $("$bb/bin/busybox" --list); do [[ -e $bb/bin/$a || -L $bb/bin/$a ]] || ln -s busybox "$bb/bin/$a"; done
 img -o "$RIG/images/busybox.tar" -tag registry.k8s.io/e2e-test-images/busybox:1.37.0-2 -rootfs "$bb" \
   -cmd /bin/sh
 img -o "$RIG/images/pause.tar" -tag registry.k8s.io/pause:3.10.2 -add "$BIN/pause=/pause" -entrypoint /pause
