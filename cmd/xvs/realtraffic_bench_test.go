@@ -2,20 +2,24 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // BenchmarkPrivMasqueradeCPS: new TCP connections per second (connect,
-// read the server's greeting, close) from 16 workers through node A to the
-// pod on node B, masqueraded and not, in one run: a pod to the ClusterIP
+// read the server's greeting, close) from 16 workers through node A to a
+// Service of three pods on node B, masqueraded and not, in one run: a pod to the ClusterIP
 // (not masqueraded; with --masquerade-all, masqueraded) and an external
 // client to the NodePort (eTP=Cluster: always masqueraded). Client ports
 // 1024-65535 with tcp_tw_reuse, as in the issue's measurement, so client
@@ -32,7 +36,7 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 		}
 		window = d
 	}
-	clusterIP := netip.MustParseAddrPort("172.30.0.30:80")
+	clusterIP := netip.MustParseAddrPort("172.30.0.50:80")
 	for _, c := range []struct {
 		name   string
 		extra  []string
@@ -41,7 +45,7 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 		{"pod-clusterip-unmasqueraded", nil, func(w *multiNode) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
 		{"pod-clusterip-masquerade-all", []string{"--masquerade-all"}, func(w *multiNode) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
 		{"external-nodeport-masqueraded", nil, func(w *multiNode) (*lab.NS, netip.AddrPort) {
-			return w.Client, netip.AddrPortFrom(mnNodeA, 30080)
+			return w.Client, netip.AddrPortFrom(mnNodeA, 30090)
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -55,6 +59,25 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(ok)/window.Seconds(), "conn/s")
 			b.ReportMetric(float64(failed), "failures")
+			for name, pin := range w.pins {
+				m, err := maps.OpenPinned(pin)
+				if err != nil {
+					b.Fatal(err)
+				}
+				snap, err := m.Read(true)
+				m.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+				for v, st := range snap.Verdicts {
+					if strings.HasPrefix(v, "drop") && st.PacketsIn > 0 {
+						b.Logf("%s: %s %d packets", name, v, st.PacketsIn)
+					}
+				}
+				if name == "node-a" {
+					b.ReportMetric(float64(snap.Verdicts["drop_snat_ports_exhausted"].PacketsIn), "snat-exhausted")
+				}
+			}
 		})
 	}
 }
@@ -73,11 +96,58 @@ func newBenchWorld(b *testing.B, extra ...string) *multiNode {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { w.Close() })
+	for i, ip := range benchPods {
+		ns, err := w.Lab.AddPod(w.B, fmt.Sprintf("bench%d", i), ip)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := lab.StartBulk(ns, netip.AddrPortFrom(ip, 8080)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(w.Dir, "bench.yaml"), []byte(benchManifests), 0o644); err != nil {
+		b.Fatal(err)
+	}
 	if err := w.startAgents(extra...); err != nil {
 		b.Fatal(err)
 	}
+	// Both agents program the bench Service too.
+	deadline := time.Now().Add(10 * time.Second)
+	for lab.ProbeTCP(w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.50:80"), time.Second).Verdict != lab.OK {
+		if time.Now().After(deadline) {
+			b.Fatal("bench Service never reachable")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return w
 }
+
+var benchPods = []netip.Addr{
+	netip.MustParseAddr("10.244.1.21"), netip.MustParseAddr("10.244.1.22"), netip.MustParseAddr("10.244.1.23"),
+}
+
+// benchManifests: a NodePort Service (eTP=Cluster) of three pods on node B.
+const benchManifests = `apiVersion: v1
+kind: Service
+metadata: {name: bench, namespace: lab}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.50
+  clusterIPs: [172.30.0.50]
+  ports:
+  - {name: tcp, port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: bench-1, namespace: lab, labels: {kubernetes.io/service-name: bench}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.244.1.21], nodeName: node-b}
+- {addresses: [10.244.1.22], nodeName: node-b}
+- {addresses: [10.244.1.23], nodeName: node-b}
+ports:
+- {name: tcp, port: 8080, protocol: TCP}
+`
 
 // connectLoad runs workers that connect to dst from ns, read one line and
 // close, until window ends; it returns the connections that completed and
