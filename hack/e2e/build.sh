@@ -32,7 +32,7 @@ export GOWORK=off CGO_ENABLED=0 GOFLAGS="-buildvcs=false"
 
 # Debian packages: runc's seccomp, the root filesystems, the node's tools.
 need_apt=()
-for p in libseccomp-dev pkg-config gcc mmdebstrap iptables nftables conntrack socat ethtool kmod util-linux iproute2 jq; do
+for p in libseccomp-dev pkg-config gcc mmdebstrap iptables nftables conntrack socat ethtool kmod util-linux iproute2 jq openssl python3 curl; do
   dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done
 if ((${#need_apt[@]})); then
