@@ -50,15 +50,35 @@ static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *
 	return action;
 }
 
-/* Send a rewritten packet to where its new destination routes. Falls back
- * to the stack (TC_ACT_OK) for local destinations and anything the FIB
- * cannot answer. The TTL (hop limit) drops by one, as forwarding does.
- * The route is looked up once: with the neighbour resolved, the FIB's MACs
- * go into the Ethernet header and bpf_redirect sends it; without, the next
- * hop goes to bpf_redirect_neigh, which resolves it (and would otherwise
- * route the packet a second time). */
+static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct xvs_pkt *p,
+				      const struct xvs_rewrite *rw);
+
+/* Is the packet one a router may not fragment (IPv4 DF, or IPv6)? */
+static __always_inline bool tc_dont_fragment(struct __sk_buff *skb, const struct xvs_pkt *p)
+{
+	__be16 frag_off;
+
+	if (p->family == XVS_FAMILY_IPV6)
+		return true;
+	if (bpf_skb_load_bytes(skb, p->l3_off + offsetof(struct iphdr, frag_off), &frag_off,
+			       sizeof(frag_off)))
+		return false;
+	return frag_off & bpf_htons(0x4000);
+}
+
+/* Translate a packet (when rewrite is set; XDP may have done it) and send
+ * it to where its new destination routes. Falls back to the stack
+ * (TC_ACT_OK) for local destinations and anything the FIB cannot answer.
+ * The TTL (hop limit) drops by one, as forwarding does. The route is
+ * looked up once: with the neighbour resolved, the FIB's MACs go into the
+ * Ethernet header and bpf_redirect sends it; without, the next hop goes to
+ * bpf_redirect_neigh, which resolves it (and would otherwise route the
+ * packet a second time). A packet too big for the egress MTU is answered
+ * with ICMP frag-needed / packet-too-big quoting the untranslated packet,
+ * as the node's forwarding would answer if it knew the frontend. *v is
+ * the verdict, changed where the packet takes another way. */
 static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw,
-				 __u32 *v)
+				 __u32 *v, bool rewrite)
 {
 	struct bpf_fib_lookup fib = {
 		.l4_protocol = p->proto,
@@ -84,13 +104,26 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK;
+		goto stack;
 
 	__u32 mtu = 0;
 
 	if (bpf_check_mtu(skb, fib.ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+		if (rewrite && tc_dont_fragment(skb, p)) {
+			int r = reject_too_big(skb, p, mtu);
+
+			if (r >= 0) {
+				*v = XVS_V_REJECT_FRAG_NEEDED;
+				return r;
+			}
+		}
+		/* IPv4 without DF: the stack fragments it. */
 		*v = XVS_V_PASS_FRAG_NEEDED;
-		return TC_ACT_OK;
+		goto stack;
+	}
+	if (rewrite && tc_rewrite(skb, p, rw)) {
+		*v = XVS_V_DROP_REWRITE;
+		return TC_ACT_SHOT;
 	}
 
 	__u8 ttl;
@@ -124,6 +157,15 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 	else
 		nh.ipv4_nh = fib.ipv4_dst;
 	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+
+stack:
+	/* Local delivery, or a route the program does not take: the stack
+	 * gets the translated packet. */
+	if (rewrite && tc_rewrite(skb, p, rw)) {
+		*v = XVS_V_DROP_REWRITE;
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
 }
 
 /* Apply a rewrite: source first, then destination (each helper updates
@@ -171,16 +213,14 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 		res->rw.sport = p->sport;
 		res->rw.dport = p->dport;
 		res->verdict = XVS_V_FWD_XDP;
-		ret = tc_forward(skb, p, &res->rw, &res->verdict);
+		ret = tc_forward(skb, p, &res->rw, &res->verdict, false);
 		return verdict(ret, res->verdict, skb);
 	}
 
 	p->ifindex = skb->ingress_ifindex;
 	switch (flow_process(skb, p, res)) {
 	case XVS_ACT_NAT:
-		if (tc_rewrite(skb, p, &res->rw))
-			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
-		ret = tc_forward(skb, p, &res->rw, &res->verdict);
+		ret = tc_forward(skb, p, &res->rw, &res->verdict, true);
 		return verdict(ret, res->verdict, skb);
 	case XVS_ACT_DROP:
 		return verdict(TC_ACT_SHOT, res->verdict, skb);

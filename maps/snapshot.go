@@ -74,6 +74,7 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_SOCK_DROPPED:        "host_socket_dropped",
 	xbpf.XvsXvsVerdictXVS_V_REPLY_HOST:          "reply_host_endpoint",
 	xbpf.XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED:    "pass_frag_needed",
+	xbpf.XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED:  "reject_frag_needed",
 }
 
 // VerdictName is the metric/listing name of a verdict.

@@ -19,8 +19,10 @@
 #include "parse.h"
 
 #define REJECT_TTL 64
-/* The largest quote: an IPv4 header with options and 8 bytes of L4. */
-#define ICMP_QUOTE_MAX (60 + 8)
+/* The largest quote: an IPv4 header with options and 20 bytes of L4 (a
+ * TCP header: an skb whose checksum is left to the device cannot be cut
+ * shorter than its checksum field). */
+#define ICMP_QUOTE_MAX (60 + 20)
 
 /* RFC 792. Defined here because <linux/icmp.h> pulls in glibc's socket
  * headers, which a BPF target cannot include on every distribution. */
@@ -115,7 +117,11 @@ static __always_inline int reject_tcp(struct __sk_buff *skb, const struct xvs_pk
 	return reject_bounce(skb);
 }
 
-static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_pkt *p)
+/* An ICMP error (type, code, and the header's second word: 0, or the
+ * next-hop MTU of a frag-needed) quoting the offending packet's header and
+ * 8 bytes of what follows, from the address it was sent to. */
+static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_pkt *p, __u8 type, __u8 code,
+				       __be32 word)
 {
 	__u8 quote[ICMP_QUOTE_MAX] = {};
 	struct icmphdr icmp = {};
@@ -123,7 +129,7 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 	/* The header length is a multiple of 4 in 20..60: masking keeps the
 	 * verifier (of older kernels too) sure of the quote's bounds. */
 	__u32 hlen = (p->l4_off - p->l3_off) & 0x3c;
-	__u32 qlen = hlen + 8;
+	__u32 qlen = hlen + (p->proto == IPPROTO_TCP ? 20 : 8);
 
 	if (hlen < sizeof(ip))
 		return -1;
@@ -136,8 +142,9 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 	if (bpf_skb_adjust_room(skb, sizeof(ip) + sizeof(icmp), BPF_ADJ_ROOM_MAC, 0))
 		return -1;
 
-	icmp.type = ICMP_DEST_UNREACH;
-	icmp.code = ICMP_PORT_UNREACH;
+	icmp.type = type;
+	icmp.code = code;
+	icmp.unused = word;
 	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), 0);
 	csum = bpf_csum_diff(NULL, 0, (__be32 *)quote, qlen & ~3U, csum);
 	icmp.checksum = csum_fold(csum);
@@ -212,14 +219,16 @@ static __always_inline int reject_tcp6(struct __sk_buff *skb, const struct xvs_p
 	return reject_bounce(skb);
 }
 
-static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_pkt *p)
+static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_pkt *p, __u8 type, __u8 code,
+					__be32 word)
 {
-	/* The quote: the offending IPv6 header and 8 bytes of UDP. */
-	__u8 quote[sizeof(struct ipv6hdr) + 8];
+	/* The quote: the offending IPv6 header and 8 bytes of UDP, or 20 of
+	 * TCP (see ICMP_QUOTE_MAX). */
+	__u8 quote[sizeof(struct ipv6hdr) + 20];
 	struct icmphdr icmp = {};
 	struct ipv6hdr ip6;
 	struct ipv6_pseudo ph;
-	__u32 qlen = sizeof(quote);
+	__u32 qlen = p->proto == IPPROTO_TCP ? sizeof(quote) : sizeof(struct ipv6hdr) + 8;
 
 	if (bpf_skb_load_bytes(skb, p->l3_off, quote, qlen))
 		return -1;
@@ -227,8 +236,9 @@ static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_
 		return -1;
 	if (bpf_skb_adjust_room(skb, sizeof(ip6) + sizeof(icmp), BPF_ADJ_ROOM_MAC, 0))
 		return -1;
-	icmp.type = ICMP6_DST_UNREACH;
-	icmp.code = ICMP6_PORT_UNREACH;
+	icmp.type = type;
+	icmp.code = code;
+	icmp.unused = word;
 	ipv6_reply_hdr(&ip6, &ph, p, sizeof(icmp) + qlen, IPPROTO_ICMPV6_);
 	__u32 csum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
 	csum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), csum);
@@ -247,10 +257,28 @@ static __attribute__((noinline)) int reject_packet(struct __sk_buff *skb, const 
 	if (!p->has_l4)
 		return -1;
 	if (p->family == XVS_FAMILY_IPV6)
-		return p->proto == IPPROTO_TCP ? reject_tcp6(skb, p) : reject_icmp6(skb, p);
+		return p->proto == IPPROTO_TCP
+			       ? reject_tcp6(skb, p)
+			       : reject_icmp6(skb, p, ICMP6_DST_UNREACH, ICMP6_PORT_UNREACH, 0);
 	if (p->proto == IPPROTO_TCP)
 		return reject_tcp(skb, p);
-	return reject_icmp(skb, p);
+	return reject_icmp(skb, p, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0);
+}
+
+#define ICMP_FRAG_NEEDED 4
+#define ICMP6_PKT_TOOBIG 2
+#define IPV6_MIN_MTU	 1280
+
+/* The packet, as its client sent it (before translation), does not fit
+ * the egress MTU: answer as a router would, with an ICMP frag-needed
+ * (ICMPv6 packet too big) quoting the client's own header, from the
+ * frontend it addressed, so that its socket learns the path MTU. */
+static __attribute__((noinline)) int reject_too_big(struct __sk_buff *skb, const struct xvs_pkt *p, __u32 mtu)
+{
+	if (p->family == XVS_FAMILY_IPV6)
+		return reject_icmp6(skb, p, ICMP6_PKT_TOOBIG, 0,
+				    bpf_htonl(mtu < IPV6_MIN_MTU ? IPV6_MIN_MTU : mtu));
+	return reject_icmp(skb, p, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, bpf_htonl(mtu & 0xffff));
 }
 
 #endif

@@ -373,7 +373,8 @@ enum xvs_verdict {
 	XVS_V_SOCK_REFUSED,	   /* a host socket refused (no endpoints) */
 	XVS_V_SOCK_DROPPED,	   /* a host socket failed as DROP would */
 	XVS_V_REPLY_HOST,	   /* reply of a host-network endpoint: reverse NAT at egress */
-	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU: left to the stack */
+	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU, may fragment: the stack's */
+	XVS_V_REJECT_FRAG_NEEDED,  /* too big for the egress MTU: ICMP frag-needed sent */
 	XVS_V_MAX,
 };
 
