@@ -9,17 +9,16 @@
 package e2e
 
 import (
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-	_ "k8s.io/kubernetes/test/e2e"
-	_ "k8s.io/kubernetes/test/images/agnhost"
 	_ "github.com/onsi/ginkgo/v2"
 	_ "go.yaml.in/yaml/v2"
 	_ "k8s.io/component-base/version"
 	_ "k8s.io/klog/v2"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/test/conformance/testdata"
+	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/e2e/apimachinery"
 	_ "k8s.io/kubernetes/test/e2e/apps"
 	_ "k8s.io/kubernetes/test/e2e/architecture"
@@ -47,5 +46,6 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/testing-manifests"
 	_ "k8s.io/kubernetes/test/e2e/windows"
 	_ "k8s.io/kubernetes/test/fixtures"
+	_ "k8s.io/kubernetes/test/images/agnhost"
 	_ "k8s.io/kubernetes/test/utils/ktesting/format"
 )
