@@ -23,6 +23,9 @@ def main(art, out):
         for line in open(mp):
             k, _, v = line.rstrip("\n").partition("=")
             meta[k] = v
+    # Only the specs the focus selected (JUnit lists every spec of the suite).
+    focus = re.compile(meta["focus"]) if meta.get("focus") else None
+    skip = re.compile(meta["skip"]) if meta.get("skip") else None
     rows = []
     for f in files:
         for tc in ET.parse(f).getroot().iter("testcase"):
@@ -44,8 +47,10 @@ def main(art, out):
                 msg = sk.get("message") or (sk.text or "")
             elif not status:
                 status = "passed"
-            if status == "skipped" and re.search(r"filtered|not selected|did not match", msg, re.I):
+            if focus is not None and not focus.search(name):
                 continue  # outside the focus: not part of this run
+            if status == "skipped" and skip is not None and skip.search(name):
+                msg = "skipped by name (--ginkgo.skip): " + skip.search(name).group(0)
             msg = re.sub(r"\s+", " ", msg).strip()
             msg = re.sub(r"^skipped\s*-?\s*", "", msg)
             rows.append((name, status, float(tc.get("time", "0") or 0), msg))
