@@ -3,7 +3,9 @@ package loader
 import (
 	"context"
 	"fmt"
+	"os"
 	"path"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -92,45 +94,131 @@ func (o *Objects) attachDevice(s DeviceSelector, dev string, mode AttachMode) (A
 	return a, err
 }
 
+// DeviceRescanInterval is how often WatchDevices lists the interfaces
+// again, for any it missed.
+const DeviceRescanInterval = 30 * time.Second
+
 // WatchDevices attaches the program to every selected interface now and
 // then to each selected interface that appears later (pod veths are created
 // long after the agent starts), until ctx ends. It subscribes before the
-// first pass, so no interface falls between the two. Later attachments and
-// failures are reported through report, from another goroutine.
+// first pass, so no interface falls between the two. The netlink socket can
+// fail (ENOBUFS when a burst of pod creations overflows it): the watch then
+// subscribes again and lists the interfaces again, and a periodic rescan
+// catches anything else missed. Pins of the links of interfaces that went
+// away are removed. Later attachments and failures are reported through
+// report, from another goroutine.
 func (o *Objects) WatchDevices(ctx context.Context, s DeviceSelector, mode AttachMode,
 	report func(Attachment, error)) ([]Attachment, []error, error) {
-	updates := make(chan netlink.LinkUpdate, 256)
+	updates, err := subscribeLinks(ctx, report)
+	if err != nil {
+		return nil, nil, err
+	}
+	atts, errs := o.AttachSelected(s, mode)
+	w := &deviceWatch{o: o, s: s, mode: mode, report: report, seen: map[string]bool{}}
+	for _, a := range atts {
+		w.seen[a.Device] = true
+	}
+	go w.run(ctx, updates)
+	return atts, errs, nil
+}
+
+// subscribeLinks opens a link subscription that lasts until ctx ends or the
+// socket fails (the channel is closed then).
+func subscribeLinks(ctx context.Context, report func(Attachment, error)) (<-chan netlink.LinkUpdate, error) {
+	updates := make(chan netlink.LinkUpdate, 1024)
 	done := make(chan struct{})
 	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
 		ErrorCallback: func(err error) { report(Attachment{}, fmt.Errorf("link watch: %w", err)) },
 	}); err != nil {
-		return nil, nil, fmt.Errorf("subscribe to link updates: %w", err)
-	}
-	atts, errs := o.AttachSelected(s, mode)
-	seen := map[string]bool{}
-	for _, a := range atts {
-		seen[a.Device] = true
+		return nil, fmt.Errorf("subscribe to link updates: %w", err)
 	}
 	go func() {
 		<-ctx.Done()
 		close(done)
 	}()
-	go func() {
-		for u := range updates {
-			name := u.Link.Attrs().Name
-			if u.Header.Type != unix.RTM_NEWLINK {
-				delete(seen, name)
+	return updates, nil
+}
+
+type deviceWatch struct {
+	o      *Objects
+	s      DeviceSelector
+	mode   AttachMode
+	report func(Attachment, error)
+	seen   map[string]bool
+}
+
+func (w *deviceWatch) run(ctx context.Context, updates <-chan netlink.LinkUpdate) {
+	rescan := time.NewTicker(DeviceRescanInterval)
+	defer rescan.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-rescan.C:
+			w.rescan()
+		case u, ok := <-updates:
+			if ok {
+				w.update(u)
 				continue
 			}
-			if seen[name] || !s.Match(name) {
-				continue
+			// The subscription failed: take a new one, then list what
+			// happened meanwhile.
+			for backoff := 100 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 5*time.Second) {
+				var err error
+				if updates, err = subscribeLinks(ctx, w.report); err == nil {
+					break
+				}
+				w.report(Attachment{}, err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
 			}
-			a, err := o.attachDevice(s, name, mode)
-			if err == nil {
-				seen[name] = true
-			}
-			report(a, err)
+			w.rescan()
 		}
-	}()
-	return atts, errs, nil
+	}
+}
+
+func (w *deviceWatch) update(u netlink.LinkUpdate) {
+	name := u.Link.Attrs().Name
+	if u.Header.Type != unix.RTM_NEWLINK {
+		delete(w.seen, name)
+		// The device is gone, and with it its TCX links; their pins
+		// would outlive it.
+		for _, h := range hooks {
+			_ = os.Remove(linkPin(w.o.cfg.PinPath, h, name))
+		}
+		return
+	}
+	w.attach(name)
+}
+
+func (w *deviceWatch) attach(name string) {
+	if w.seen[name] || !w.s.Match(name) {
+		return
+	}
+	a, err := w.o.attachDevice(w.s, name, w.mode)
+	if err == nil {
+		w.seen[name] = true
+	}
+	w.report(a, err)
+}
+
+// rescan attaches every selected interface not attached yet.
+func (w *deviceWatch) rescan() {
+	names, err := w.s.Selected()
+	if err != nil {
+		w.report(Attachment{}, err)
+		return
+	}
+	present := map[string]bool{}
+	for _, n := range names {
+		present[n] = true
+		w.attach(n)
+	}
+	for n := range w.seen {
+		if !present[n] {
+			delete(w.seen, n)
+		}
+	}
 }
