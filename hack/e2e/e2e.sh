@@ -122,7 +122,7 @@ node_pid=
   echo "kernel=$(uname -r) ($(nproc) CPUs, $(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1048576)) GiB)"
   echo "k8s=$(awk '$1=="k8s.io/kubernetes"{print $2}' test/e2e/go.mod), containerd v2.4.2, runc v1.5.3, CoreDNS v1.15.0, CNI plugins v1.10.0"
   echo "date=$(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "build=${build_s}s (0s when cached; cold: $(paste -sd' ' "$(dirname "$BIN")/times" 2>/dev/null))"
+  echo "build=${build_s}s this run; the cold build of each component: $(paste -sd' ' "$(dirname "$BIN")/times" 2>/dev/null)"
   [[ -f $ART/bringup ]] && echo "bringup=$(cat "$ART/bringup")s"
   [[ -f $ART/bringup ]] && echo "e2e=$((SECONDS - start_s - $(cat "$ART/bringup")))s"
   echo "total=$((SECONDS - t0))s"
