@@ -85,8 +85,8 @@ type Datapath struct {
 	masqAddrs                []netip.Addr
 	netnsCookie              uint64
 	// staleDeleted counts UDP/SCTP flows and socket choices deleted
-	// because their backend stopped serving.
-	staleDeleted uint64
+	// because their backend stopped serving, by family (IPv4, IPv6).
+	staleDeleted [2]uint64
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -212,9 +212,9 @@ func (d *Datapath) recover() error {
 func (d *Datapath) Mode() string { return "ebpf" }
 
 // StaleFlowsDeleted is how many UDP and SCTP flows (and socket-level
-// choices) syncs have deleted because their backend stopped serving
-// (kube-proxy's conntrack_reconciler_deleted_entries_total).
-func (d *Datapath) StaleFlowsDeleted() uint64 { return d.staleDeleted }
+// choices) syncs have deleted because their backend stopped serving, for
+// IPv4 and IPv6 (kube-proxy's conntrack_reconciler_deleted_entries_total).
+func (d *Datapath) StaleFlowsDeleted() [2]uint64 { return d.staleDeleted }
 
 // ForceFullSync makes the next Sync rewrite every entry it owns and remove
 // whatever else the maps hold, as at start: it repairs maps changed behind
@@ -405,9 +405,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 	}
-	n, err := d.flushStale(st, touched)
-	d.staleDeleted += uint64(n)
-	if err != nil {
+	if err := d.flushStale(st, touched); err != nil {
 		return err
 	}
 	if err := d.syncClusterIPs(); err != nil {

@@ -67,11 +67,10 @@ func (s *staleFlows) stale(fk frontendKey, backend netip.AddrPort) bool {
 
 // flushStale deletes the UDP and SCTP flows (both conntrack entries) and
 // the socket-level choices of the frontends in touched whose backend no
-// longer serves them. It returns the number of flows and socket choices
-// deleted.
-func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) (int, error) {
+// longer serves them, counting them per family in d.staleDeleted.
+func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) error {
 	if len(touched) == 0 {
-		return 0, nil
+		return nil
 	}
 	s := &staleFlows{st: st, owners: d.owners, touched: touched, sets: map[model.ServicePortName]map[netip.AddrPort]bool{}}
 	ct := d.m.Conntrack
@@ -88,6 +87,7 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) (in
 		if !s.stale(fk, backend) {
 			continue
 		}
+		d.staleDeleted[familyIndex(k.Family)]++
 		del = append(del, k)
 		// Its reply entry: backend -> client, or -> the masquerade
 		// address.
@@ -98,14 +98,13 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) (in
 		del = append(del, rk)
 	}
 	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("read conntrack: %w", err)
+		return fmt.Errorf("read conntrack: %w", err)
 	}
 	for _, k := range del {
 		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
-			return 0, fmt.Errorf("delete stale flow: %w", err)
+			return fmt.Errorf("delete stale flow: %w", err)
 		}
 	}
-	flows := len(del) / 2
 
 	var sk xbpf.XvsXvsSockKey
 	var sv xbpf.XvsXvsSockValue
@@ -118,18 +117,27 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) (in
 		fam := sockFamily(sk.Addr)
 		fk := frontendKey{addr: decodeAddr(sk.Addr, fam), port: ntohs(sk.Port), proto: model.Protocol(sk.Proto)}
 		if s.stale(fk, netip.AddrPortFrom(decodeAddr(sv.Addr, fam), ntohs(sv.Port))) {
+			d.staleDeleted[familyIndex(fam)]++
 			socks = append(socks, sk)
 		}
 	}
 	if err := sit.Err(); err != nil {
-		return flows, fmt.Errorf("read socket choices: %w", err)
+		return fmt.Errorf("read socket choices: %w", err)
 	}
 	for _, k := range socks {
 		if err := d.m.SockFwd.Delete(&k); err != nil && !isNotExist(err) {
-			return flows, fmt.Errorf("delete stale socket choice: %w", err)
+			return fmt.Errorf("delete stale socket choice: %w", err)
 		}
 	}
-	return flows + len(socks), nil
+	return nil
+}
+
+// familyIndex is 0 for IPv4, 1 for IPv6, as the metrics' ip_family.
+func familyIndex(f uint8) int {
+	if f == xbpf.FamilyIPv6 {
+		return 1
+	}
+	return 0
 }
 
 // sockFamily tells the family of a socket-map address, which carries none:

@@ -42,6 +42,7 @@ type Metrics struct {
 	NoLocalEndpointsTotal             *prometheus.GaugeVec
 	ProxyHealthzTotal                 *prometheus.CounterVec
 	ProxyLivezTotal                   *prometheus.CounterVec
+	ConntrackDeletedTotal             *prometheus.CounterVec
 
 	// xvs's own.
 	SyncFailuresTotal *prometheus.CounterVec
@@ -117,6 +118,8 @@ func New() *Metrics {
 			"Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family"),
 		ProxyHealthzTotal: counterVec("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code"),
 		ProxyLivezTotal:   counterVec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code"),
+		ConntrackDeletedTotal: counterVec("conntrack_reconciler_deleted_entries_total",
+			"Cumulative conntrack flows deleted by conntrack reconciler", "ip_family"),
 
 		SyncFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_sync_failures_total",
 			Help: "Datapath syncs that failed (each is followed by a full resync)"}, []string{"mode"}),
@@ -135,7 +138,7 @@ func New() *Metrics {
 		m.SyncProxyRulesLatency, m.SyncFullProxyRulesLatency, m.SyncPartialProxyRulesLatency,
 		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueuedTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
-		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal,
+		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
 		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts,
 	)
 	return m

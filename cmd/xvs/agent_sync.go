@@ -40,6 +40,9 @@ type syncer struct {
 	svcHealth healthServers
 	// trigger asks the runner for a sync (set once the runner exists).
 	trigger func()
+	// staleCounted is what the reconciler counter holds of the
+	// datapath's StaleFlowsDeleted, by family.
+	staleCounted [2]uint64
 
 	mu sync.Mutex
 	// triggers are the EndpointSlice last-change-trigger-times of changes
@@ -180,6 +183,7 @@ func (s *syncer) sync(ctx context.Context) error {
 		return err
 	}
 	s.reportDatapathProblems(s.dp.Problems())
+	s.countStaleFlows()
 	end := time.Now()
 	if b.Full {
 		s.lastFull = end
@@ -296,4 +300,20 @@ func (s *syncer) reportDatapathProblems(probs []string) {
 	}
 	s.dpProbs = current
 	s.metrics.Problems.WithLabelValues("Datapath").Set(float64(len(probs)))
+}
+
+// countStaleFlows adds the UDP/SCTP flows the datapath deleted for their
+// removed endpoints since the last sync to kube-proxy's reconciler counter.
+func (s *syncer) countStaleFlows() {
+	d, ok := s.dp.(interface{ StaleFlowsDeleted() [2]uint64 })
+	if !ok {
+		return
+	}
+	n := d.StaleFlowsDeleted()
+	for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
+		if n[i] > s.staleCounted[i] {
+			s.metrics.ConntrackDeletedTotal.WithLabelValues(fam).Add(float64(n[i] - s.staleCounted[i]))
+		}
+	}
+	s.staleCounted = n
 }

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"context"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -180,6 +184,46 @@ func TestPrivRealTrafficUDPEndpointChange(t *testing.T) {
 		}
 		t.Logf("%s: on the new endpoint %v after the change", s.Local, r.Received.Sub(changed))
 	}
+	// Node A deleted the two stale flows (and says so as kube-proxy does).
+	if m := agentMetrics(t, w.A.NS); !strings.Contains(m, `kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 2`) {
+		t.Fatalf("node A's /metrics has no conntrack_reconciler_deleted_entries_total of 2:\n%s", grepLines(m, "conntrack_reconciler"))
+	}
+}
+
+// agentMetrics fetches the agent's /metrics on kube-proxy's default
+// address inside ns.
+func agentMetrics(t *testing.T, ns *lab.NS) string {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.Do(func() (err error) {
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}}
+	resp, err := client.Get("http://127.0.0.1:10249/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // hostNetManifests: a Service whose endpoint is node A's own address (a
