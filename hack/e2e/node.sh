@@ -42,6 +42,12 @@ umount -l "$RIG/oldsys"
 mount -t bpf bpf /sys/fs/bpf              # pins die with the namespace
 mount -t tmpfs tmpfs /run                 # /run/containerd, /run/xvs, /run/netns
 mkdir -p "$RIG/varlog"; mount --bind "$RIG/varlog" /var/log   # /var/log/pods
+# Paths the components write whatever their flags say (host-local's and
+# libcni's /var/lib/cni, the kubelet's /var/lib/kubelet/device-plugins,
+# containerd's /opt/containerd): empty tmpfs here, so the host's stay
+# untouched and no IP reservation outlives a run.
+mount -t tmpfs tmpfs /var/lib
+mount -t tmpfs tmpfs /opt
 # The DaemonSet's /lib/modules, from /run (this machine's kernel has no
 # loadable modules and no /lib/modules; the host's tree stays untouched).
 mkdir -p /run/lib-modules
@@ -124,7 +130,7 @@ mkdir -p "$RIG/cni/net.d" "$RIG/containerd"
 cat >"$RIG/cni/net.d/10-bridge.conflist" <<J
 {"cniVersion": "1.0.0", "name": "e2e", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+   "ipam": {"type": "host-local", "dataDir": "$RIG/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 J
 cat >"$RIG/containerd/config.toml" <<T
