@@ -84,6 +84,8 @@ step kubelet kb kubelet k8s.io/kubernetes/cmd/kubelet
 step kube-scheduler kb kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 step kube-controller-manager kb kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 step agnhost kb agnhost k8s.io/kubernetes/test/images/agnhost
+# The Conntrack INVALID-state spec's server (image regression-issue-74839:1.5).
+step regression-issue-74839 kb regression-issue-74839 k8s.io/kubernetes/test/images/regression-issue-74839
 e2etest() { (cd test/e2e && $NICE go test -c -trimpath -ldflags "$KLD" -o "$BIN/e2e.test.tmp" k8s.io/kubernetes/test/e2e && mv "$BIN/e2e.test.tmp" "$BIN/e2e.test"); }
 step e2e.test e2etest
 # kube-apiserver + etcd: the integration tests' rig (lab/kubeapi's cache).

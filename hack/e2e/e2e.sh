@@ -6,6 +6,7 @@
 #   hack/e2e/e2e.sh [e2e.test args...]     default: the [sig-network] Services specs
 #   E2E_HOLD=1 hack/e2e/e2e.sh             bring the cluster up and keep it (Ctrl-C)
 #   XVS_BIN=path                           use this xvs binary instead of `make build`
+#   E2E_NODES=2                            a second node (hack/e2e/node2.sh)
 #
 # Artifacts (JUnit, e2e log, component logs) go to bin/e2e/. Everything is
 # torn down on every path: the namespaces' processes (PID 1 of the PID
@@ -52,13 +53,16 @@ teardown() {
     [[ $exe == "$BIN"/* || $exe == "$RIG"/* ]] && kill -KILL "${p#/proc/}" 2>/dev/null
   done
   # The kubelet's cgroups, deepest first, in every v1 hierarchy.
+  # (kubepods: node 1's; xvs-e2e-node2: the second node's cgroup root.)
   for h in /sys/fs/cgroup/*/; do
-    [[ -d $h/kubepods ]] || continue
-    for i in 1 2 3 4 5; do
-      find "$h/kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
-      [[ -d $h/kubepods ]] || break; sleep 1
+    for c in kubepods xvs-e2e-node2; do
+      [[ -d $h/$c ]] || continue
+      for i in 1 2 3 4 5; do
+        find "$h/$c" -depth -type d -exec rmdir {} + 2>/dev/null
+        [[ -d $h/$c ]] || break; sleep 1
+      done
+      [[ -d $h/$c ]] && echo "e2e: could not remove $h/$c" >&2
     done
-    [[ -d $h/kubepods ]] && echo "e2e: could not remove $h/kubepods" >&2
   done
   for s in $SYSCTLS; do sysctl -qw "$s=${saved[$s]}"; done
   cp -r "$RIG/logs" "$ART/logs" 2>/dev/null
@@ -95,6 +99,8 @@ bb=$(hack/e2e/rootfs.sh busybox busybox wget)
 for a in $("$bb/bin/busybox" --list); do [[ -e $bb/bin/$a || -L $bb/bin/$a ]] || ln -s busybox "$bb/bin/$a"; done
 img -o "$RIG/images/busybox.tar" -tag registry.k8s.io/e2e-test-images/busybox:1.37.0-2 -rootfs "$bb" \
   -cmd /bin/sh
+img -o "$RIG/images/regression-issue-74839.tar" -tag registry.k8s.io/e2e-test-images/regression-issue-74839:1.5 \
+  -add "$BIN/regression-issue-74839=/regression-issue-74839" -entrypoint /regression-issue-74839
 img -o "$RIG/images/pause.tar" -tag registry.k8s.io/pause:3.10.2 -add "$BIN/pause=/pause" -entrypoint /pause
 img -o "$RIG/images/coredns.tar" -tag registry.k8s.io/coredns/coredns:v1.15.0 -add "$BIN/coredns=/coredns" -entrypoint /coredns
 say "images built"
@@ -122,6 +128,8 @@ node_pid=
   echo "kernel=$(uname -r) ($(nproc) CPUs, $(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1048576)) GiB)"
   echo "k8s=$(awk '$1=="k8s.io/kubernetes"{print $2}' test/e2e/go.mod), containerd v2.4.2, runc v1.5.3, CoreDNS v1.15.0, CNI plugins v1.10.0"
   echo "date=$(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "nodes=${E2E_NODES:-1}"
+  [[ ${E2E_NODES:-1} == 2 ]] && echo "title=Two nodes (E2E_NODES=2): the specs that need a second node"
   echo "build=${build_s}s this run; the cold build of each component: $(paste -sd' ' "$(dirname "$BIN")/times" 2>/dev/null)"
   [[ -f $ART/bringup ]] && echo "bringup=$(cat "$ART/bringup")s"
   [[ -f $ART/bringup ]] && echo "e2e=$((SECONDS - start_s - $(cat "$ART/bringup")))s"

@@ -90,7 +90,8 @@ contexts: [{name: e2e, context: {cluster: e2e, user: $1}}]
 current-context: e2e
 K
 }
-for n in admin kubelet kcm scheduler; do kcfg $n; done
+cert kubelet2 "system:node:xvs-e2e-node2" system:nodes "IP:10.77.0.3,DNS:xvs-e2e-node2"
+for n in admin kubelet kubelet2 kcm scheduler; do kcfg $n; done
 export KUBECONFIG=$RIG/admin.kubeconfig
 
 bg() { # bg NAME CMD...: start in the background, log to $LOG/NAME.log
@@ -129,7 +130,7 @@ bg kube-scheduler kube-scheduler --kubeconfig="$RIG/scheduler.kubeconfig" \
 mkdir -p "$RIG/cni/net.d" "$RIG/containerd"
 cat >"$RIG/cni/net.d/10-bridge.conflist" <<J
 {"cniVersion": "1.0.0", "name": "e2e", "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": $([[ ${E2E_NODES:-1} == 2 ]] && echo false || echo true), "hairpinMode": true,
    "ipam": {"type": "host-local", "dataDir": "$RIG/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 J
@@ -196,6 +197,18 @@ bg kubelet kubelet --config="$RIG/kubelet.yaml" --kubeconfig="$RIG/kubelet.kubec
   --root-dir="$RIG/kubelet" --node-ip=$NODE_IP --hostname-override=$NODE -v=2
 waitfor node 180 sh -c "kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 
+# ---- E2E_NODES=2: a second node (node2.sh) in its own network, mount and
+# UTS namespaces, on the other end of eth0 (eth0p moves there).
+if [[ ${E2E_NODES:-1} == 2 ]]; then
+  unshare --net --mount --uts "$HERE/node2.sh" "$RIG" "$BIN" &
+  n2=$!; pids+=($n2)
+  for i in $(seq 50); do [[ $(readlink /proc/$n2/ns/net) != $(readlink /proc/self/ns/net) ]] && break; sleep 0.1; done
+  ip link set eth0p netns "$n2"
+  ip route add 10.244.1.0/24 via 10.77.0.3
+  say "started node2 (pid $n2)"
+  waitfor node2 180 sh -c "kubectl get node xvs-e2e-node2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+fi
+
 # ---- Cluster add-ons: xvs (the only Service proxy) and CoreDNS.
 kubectl apply -k "$HERE/overlay" >&2
 kubectl apply -f "$HERE/coredns.yaml" >&2
@@ -221,6 +234,9 @@ wait $!
 rc=$(cat "$RIG/e2e.rc" 2>/dev/null || echo 1)
 set -e
 kubectl get pods -A -o wide >"$LOG/pods.txt" 2>&1 || true
-kubectl -n kube-system logs ds/xvs >"$LOG/xvs-agent.log" 2>&1 || true
+for p in $(kubectl -n kube-system get pods -l k8s-app=xvs -o name 2>/dev/null); do
+  kubectl -n kube-system logs "$p" >"$LOG/xvs-agent-${p#pod/}.log" 2>&1 || true
+done
+[[ -d $RIG/node2/logs ]] && cp -r "$RIG/node2/logs" "$LOG/node2"
 say "e2e.test exit $rc"
 exit "$rc"

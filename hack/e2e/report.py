@@ -3,7 +3,7 @@
 JUnit), bin/e2e/meta.txt (commit, kernel, times; written by hack/e2e/e2e.sh)
 and hack/e2e/notes.md (the analysis of failures, kept by hand).
 
-    python3 hack/e2e/report.py bin/e2e docs/E2E.md
+    python3 hack/e2e/report.py bin/e2e [more run dirs...] docs/E2E.md
 """
 import glob
 import os
@@ -12,11 +12,10 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def main(art, out):
+def section(art, junit_out, level):
     files = sorted(glob.glob(os.path.join(art, "junit*.xml")))
     if not files:
-        print("report: no JUnit file in %s; %s not written" % (art, out), file=sys.stderr)
-        return 1
+        raise SystemExit("report: no JUnit file in %s" % art)
     meta = {}
     mp = os.path.join(art, "meta.txt")
     if os.path.exists(mp):
@@ -66,17 +65,14 @@ def main(art, out):
             suite.set("tests", str(len(suite.findall("testcase"))))
             suite.set("skipped", str(sum(1 for r in rows if r[1] == "skipped")))
             suite.set("failures", str(sum(1 for r in rows if r[1] == "failed")))
-        tree.write(os.path.splitext(out)[0] + "-junit.xml", encoding="unicode", xml_declaration=True)
+        tree.write(junit_out, encoding="unicode", xml_declaration=True)
     rows.sort(key=lambda r: ({"failed": 0, "passed": 1, "skipped": 2}.get(r[1], 3), r[0]))
     count = {s: sum(1 for r in rows if r[1] == s) for s in ("passed", "failed", "skipped")}
     w = []
-    w.append("# xvs against upstream Kubernetes e2e (one-node cluster)\n")
-    w.append("Rendered by `make e2e` (hack/e2e/report.py) from the JUnit file of the run, kept as "
-             "`docs/E2E-junit.xml` (the focused specs of `bin/e2e/junit_01.xml`). The rig: "
-             "[hack/e2e/README.md](../hack/e2e/README.md).\n")
+    w.append("JUnit: `%s` (the focused specs of the run's `bin/e2e/junit_01.xml`).\n" % os.path.basename(junit_out))
     w.append("| | |\n|---|---|")
     for k, label in (("commit", "repository HEAD at the run"), ("version", "xvs tested (xvs --version)"), ("kernel", "kernel"),
-                     ("k8s", "Kubernetes (all components, e2e.test)"), ("date", "date"),
+                     ("k8s", "Kubernetes (all components, e2e.test)"), ("date", "date"), ("nodes", "nodes"),
                      ("build", "component build"), ("bringup", "cluster bring-up"),
                      ("e2e", "e2e.test run"), ("total", "make e2e total")):
         if k in meta:
@@ -87,10 +83,11 @@ def main(art, out):
         w.append("| skip | `%s` |" % meta["skip"].replace("|", "\\|"))
     w.append("| result | **%d passed, %d failed, %d skipped** (%d specs) |\n" %
              (count["passed"], count["failed"], count["skipped"], len(rows)))
-    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
-    if os.path.exists(notes):
-        w.append(open(notes).read().rstrip() + "\n")
-    w.append("## Spec by spec\n")
+    if level == 0:
+        notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
+        if os.path.exists(notes):
+            w.append(open(notes).read().rstrip() + "\n")
+    w.append("### Spec by spec\n" if level else "## Spec by spec\n")
     w.append("| spec | result | time | reason / symptom |\n|---|---|---:|---|")
     for name, status, t, msg in rows:
         if len(msg) > 400:
@@ -98,11 +95,31 @@ def main(art, out):
         w.append("| %s | %s | %.0fs | %s |" % (name.replace("|", "\\|"), status, t,
                                                msg.replace("|", "\\|")))
     w.append("")
+    print("report: %s: %d passed, %d failed, %d skipped" % (art, count["passed"], count["failed"], count["skipped"]))
+    return w
+
+
+
+def main(out, arts):
+    """The first run is the main one (notes.md follows its summary); each
+    further run gets a section titled by its meta.txt's title= line."""
+    w = ["# xvs against upstream Kubernetes e2e\n",
+         "Rendered by `make e2e` (hack/e2e/report.py). The rig: "
+         "[hack/e2e/README.md](../hack/e2e/README.md).\n"]
+    base = os.path.splitext(out)[0]
+    for i, art in enumerate(arts):
+        if i:
+            title = "Run %d" % (i + 1)
+            mp = os.path.join(art, "meta.txt")
+            for line in open(mp) if os.path.exists(mp) else []:
+                if line.startswith("title="):
+                    title = line[len("title="):].strip()
+            w.append("## %s\n" % title)
+        w += section(art, base + ("-junit.xml" if i == 0 else "-junit-%d.xml" % (i + 1)), i)
     with open(out, "w") as f:
         f.write("\n".join(w))
-    print("report: %s: %d passed, %d failed, %d skipped" % (out, count["passed"], count["failed"], count["skipped"]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[-1], sys.argv[1:-1]))
