@@ -101,6 +101,10 @@ img -o "$RIG/images/busybox.tar" -tag registry.k8s.io/e2e-test-images/busybox:1.
   -cmd /bin/sh
 img -o "$RIG/images/regression-issue-74839.tar" -tag registry.k8s.io/e2e-test-images/regression-issue-74839:1.5 \
   -add "$BIN/regression-issue-74839=/regression-issue-74839" -entrypoint /regression-issue-74839
+# The CLOSE_WAIT spec's host-network probe: sh, sleep, grep, which, conntrack.
+ipt=$(hack/e2e/rootfs.sh distroless-iptables bash coreutils grep debianutils conntrack iptables)
+[[ -e $ipt/usr/bin/which ]] || ln -s which.debianutils "$ipt/usr/bin/which"   # an alternative: made by postinst
+img -o "$RIG/images/distroless-iptables.tar" -tag registry.k8s.io/build-image/distroless-iptables:v0.9.9 -rootfs "$ipt" -cmd /bin/sh
 img -o "$RIG/images/pause.tar" -tag registry.k8s.io/pause:3.10.2 -add "$BIN/pause=/pause" -entrypoint /pause
 img -o "$RIG/images/coredns.tar" -tag registry.k8s.io/coredns/coredns:v1.15.0 -add "$BIN/coredns=/coredns" -entrypoint /coredns
 say "images built"
