@@ -227,11 +227,37 @@ struct ipv6_frag_hdr {
 	__be32 id;
 };
 
+/* The ports of an IPv6 fragmented datagram (by source, destination,
+ * identification and protocol): recorded from its first fragment (record),
+ * or looked up into p for a later one. Returns nonzero when a later
+ * fragment's datagram is unknown. A subprogram: its key stays off the
+ * parser's stack. */
+static __attribute__((noinline)) int frag6_ports(struct xvs_pkt *p, __be32 id, bool record)
+{
+	struct xvs_frag6_key fk = {.id = id, .proto = p->proto};
+	struct xvs_frag_ports *fp;
+
+	__builtin_memcpy(fk.saddr, p->saddr, 16);
+	__builtin_memcpy(fk.daddr, p->daddr, 16);
+	if (record) {
+		struct xvs_frag_ports v = {.sport = p->sport, .dport = p->dport};
+
+		bpf_map_update_elem(&xvs_fragments6, &fk, &v, BPF_ANY);
+		return 0;
+	}
+	fp = bpf_map_lookup_elem(&xvs_fragments6, &fk);
+	if (!fp)
+		return -1;
+	p->sport = fp->sport;
+	p->dport = fp->dport;
+	return 0;
+}
+
 /* Parse an IPv6 packet whose header starts at l3_off, through up to
  * IPV6_EXT_MAX extension headers (hop-by-hop, routing, destination
  * options, fragment) to TCP, UDP or SCTP. A later fragment takes its ports
  * from the first, as for IPv4. */
-static __attribute__((noinline)) int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -292,20 +318,10 @@ static __attribute__((noinline)) int parse_ipv6(struct __sk_buff *skb, __u32 l3_
 	p->proto = nexthdr;
 	p->l4_off = off;
 
-	struct xvs_frag6_key fk = {.id = frag ? fh.id : 0, .proto = nexthdr};
-
-	if (frag) {
-		__builtin_memcpy(fk.saddr, p->saddr, 16);
-		__builtin_memcpy(fk.daddr, p->daddr, 16);
-	}
 	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_OFFSET)) {
 		/* A later fragment: no ports here; take them from the first. */
-		struct xvs_frag_ports *fp = bpf_map_lookup_elem(&xvs_fragments6, &fk);
-
-		if (!fp)
+		if (frag6_ports(p, fh.id, false))
 			return XVS_PARSE_FRAGMENT;
-		p->sport = fp->sport;
-		p->dport = fp->dport;
 		p->has_l4 = false;
 		return XVS_PARSE_OK;
 	}
@@ -313,12 +329,8 @@ static __attribute__((noinline)) int parse_ipv6(struct __sk_buff *skb, __u32 l3_
 		return XVS_PARSE_MALFORMED;
 	if (parse_l4(skb, p))
 		return XVS_PARSE_MALFORMED;
-	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_MF)) {
-		/* First fragment of several: remember its ports. */
-		struct xvs_frag_ports fp = {.sport = p->sport, .dport = p->dport};
-
-		bpf_map_update_elem(&xvs_fragments6, &fk, &fp, BPF_ANY);
-	}
+	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_MF))
+		frag6_ports(p, fh.id, true); /* first of several: remember */
 	return XVS_PARSE_OK;
 }
 
