@@ -184,7 +184,7 @@ logging: {vmodule: [{filePattern: proxier, verbosity: 4}]}
 			t.Errorf("finding without value or reason: %+v", f)
 		}
 	}
-	want := "conntrack.maxPerCore conntrack.tcpBeLiberal detectLocal.interfaceNamePrefix detectLocalMode " +
+	want := "detectLocal.interfaceNamePrefix detectLocalMode " +
 		"featureGates.ServiceTrafficDistribution featureGates.SomeAlphaGate " +
 		"iptables.localhostNodePorts iptables.masqueradeBit iptables.syncPeriod " +
 		"ipvs.excludeCIDRs ipvs.strictARP ipvs.tcpTimeout logging.vmodule nftables.masqueradeAll portRange winkernel.enableDSR"

@@ -119,24 +119,9 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 		add("detectLocal.interfaceNamePrefix", c.DetectLocal.InterfaceNamePrefix, "detectLocalMode InterfaceNamePrefix is not implemented")
 	}
 
-	// Host conntrack sysctls: kube-proxy tunes netfilter's conntrack at
-	// start-up; xvs leaves the host's sysctls alone (its BPF conntrack has
-	// its own table and timeouts).
-	ct := c.Conntrack
-	const ctReason = "xvs does not tune the host's netfilter conntrack sysctls"
-	// maxPerCore 0 means "leave nf_conntrack_max alone", which xvs does.
-	if ct.MaxPerCore != nil && *ct.MaxPerCore != 0 && *ct.MaxPerCore != 32768 {
-		add("conntrack.maxPerCore", *ct.MaxPerCore, ctReason)
-	}
-	if ct.Min != nil && *ct.Min != 131072 {
-		add("conntrack.min", *ct.Min, ctReason)
-	}
-	// The timeouts (tcpEstablishedTimeout, tcpCloseWaitTimeout,
-	// udpTimeout, udpStreamTimeout) are honoured by the BPF conntrack in
-	// ebpf mode (loader.CTTimeouts); they are not written to the host.
-	if ct.TCPBeLiberal {
-		add("conntrack.tcpBeLiberal", true, ctReason)
-	}
+	// Host conntrack sysctls: set at start as kube-proxy sets them
+	// (cmd/xvs/conntrack_sysctl.go); the timeouts drive the BPF conntrack
+	// in ebpf mode too (loader.CTTimeouts).
 
 	for name, v := range c.FeatureGates {
 		want, known := KnownFeatureGates[name]

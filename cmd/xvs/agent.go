@@ -221,6 +221,11 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 	c := &o.Config
 	adjustOOMScore(log, *c.OOMScoreAdj)
 	setMemoryLimit(log)
+	if err := applyConntrackSysctls(log, "/proc/sys", c.Conntrack); err != nil {
+		// kube-proxy fails here only for nf_conntrack_max it cannot
+		// raise; xvs serves on, as its own conntrack does not need them.
+		log.Warn("Cannot set the host's conntrack sysctls", "err", err)
+	}
 	sel := loader.DeviceSelector{Patterns: splitList(o.Devices), XDP: splitList(o.XDPDevices)}
 	if err := sel.Validate(); err != nil {
 		return err
