@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
-	"github.com/xvs-lb/xvs/maps"
 )
 
 // BenchmarkPrivMasqueradeCPS: new TCP connections per second (connect,
@@ -60,22 +59,17 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 			b.ReportMetric(float64(ok)/window.Seconds(), "conn/s")
 			b.ReportMetric(float64(failed), "failures")
 			for name, pin := range w.pins {
-				m, err := maps.OpenPinned(pin)
+				vs, err := agentVerdicts(pin)
 				if err != nil {
 					b.Fatal(err)
 				}
-				snap, err := m.Read(true)
-				m.Close()
-				if err != nil {
-					b.Fatal(err)
-				}
-				for v, st := range snap.Verdicts {
-					if strings.HasPrefix(v, "drop") && st.PacketsIn > 0 {
-						b.Logf("%s: %s %d packets", name, v, st.PacketsIn)
+				for v, n := range vs {
+					if strings.HasPrefix(v, "drop") {
+						b.Logf("%s: %s %d packets", name, v, n)
 					}
 				}
 				if name == "node-a" {
-					b.ReportMetric(float64(snap.Verdicts["drop_snat_ports_exhausted"].PacketsIn), "snat-exhausted")
+					b.ReportMetric(float64(vs["drop_snat_ports_exhausted"]), "snat-exhausted")
 				}
 			}
 		})

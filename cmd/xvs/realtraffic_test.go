@@ -25,6 +25,27 @@ import (
 
 const mib = 1 << 20
 
+// agentVerdicts reads the nonzero verdict counters (packets) of the
+// agent whose maps are pinned at pin.
+func agentVerdicts(pin string) (map[string]uint64, error) {
+	m, err := maps.OpenPinned(pin)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	snap, err := m.Read(true)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for v, st := range snap.Verdicts {
+		if st.PacketsIn > 0 {
+			out[v] = st.PacketsIn
+		}
+	}
+	return out, nil
+}
+
 // logVerdicts logs the agents' nonzero verdict counters when t fails.
 func logVerdicts(t *testing.T, w *multiNode) {
 	t.Cleanup(func() {
@@ -32,21 +53,12 @@ func logVerdicts(t *testing.T, w *multiNode) {
 			return
 		}
 		for name, pin := range w.pins {
-			m, err := maps.OpenPinned(pin)
+			vs, err := agentVerdicts(pin)
 			if err != nil {
 				t.Logf("%s: %v", name, err)
-				continue
 			}
-			snap, err := m.Read(true)
-			m.Close()
-			if err != nil {
-				t.Logf("%s: %v", name, err)
-				continue
-			}
-			for v, st := range snap.Verdicts {
-				if st.PacketsIn > 0 {
-					t.Logf("%s: verdict %s: %d packets", name, v, st.PacketsIn)
-				}
+			for v, n := range vs {
+				t.Logf("%s: verdict %s: %d packets", name, v, n)
 			}
 		}
 	})
