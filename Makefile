@@ -3,12 +3,14 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build lint apiserver test test-unit vmtest demo bench clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build lint apiserver kube-proxy test test-unit vmtest demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
 	@echo "make test    every check and test, as CI runs them (root)"
-	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md (root)"
+	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md, then make bench-peers (root)"
+	@echo "make bench-peers   xvs beside the real kube-proxy (nftables, iptables); rewrites docs/BENCHMARKS-peers.md (root; XVS_PEERS_WINDOW=30s)"
+	@echo "make kube-proxy   build the real kube-proxy v1.37 once (cached under /var/cache/xvs)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
 	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
@@ -102,8 +104,24 @@ conformance-report: build
 demo: deps build
 	./$(BIN) demo
 
-bench: deps apiserver
+bench: deps apiserver kube-proxy
 	$(GO) run ./hack/bench -out docs/BENCHMARKS.md
+	$(MAKE) bench-peers
+
+# The real kube-proxy (test/kubeproxy: upstream cmd/kube-proxy of the
+# k8s.io/kubernetes module, its own Go module), built once into
+# /var/cache/xvs/kube-proxy (about 3 min cold); hack/bench's peer comparison
+# runs it.
+kube-proxy:
+	$(GO) run ./hack/bench -build-kube-proxy
+
+# xvs beside the real kube-proxy in nftables and iptables mode and the
+# no-proxy floor, one API server, masqueraded and not, interleaved by round
+# (about 25 min). XVS_PEERS_WINDOW sets the masqueraded windows (default
+# 30s); PEERS_FLAGS adds flags (go run ./hack/bench peers -h).
+PEERS_FLAGS ?=
+bench-peers: deps apiserver kube-proxy
+	$(GO) run ./hack/bench peers -out docs/BENCHMARKS-peers.md $(PEERS_FLAGS)
 
 clean:
 	rm -rf bin

@@ -14,6 +14,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -196,18 +197,34 @@ func createObjects(ctx context.Context, cfg *rest.Config, svcs []ruleService) er
 		namespaces[s.Namespace] = true
 	}
 	for ns := range namespaces {
-		if _, err := c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		if err := createNodeAndNamespace(ctx, c, ns); err != nil {
 			return err
 		}
 	}
+	return createServices(ctx, c, svcs)
+}
+
+// createNodeAndNamespace writes the Namespace and, once, the Node "node"
+// with the node's address as its InternalIP.
+func createNodeAndNamespace(ctx context.Context, c kubernetes.Interface, namespace string) error {
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
 	node, err := c.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: trafficNodeIP.String()}}
-	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return err
-	}
+	_, err = c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	return err
+}
+
+// createServices writes every Service and its EndpointSlice, with a few
+// writers in parallel.
+func createServices(ctx context.Context, c kubernetes.Interface, svcs []ruleService) error {
 	const writers = 8
 	work := make(chan ruleService)
 	errs := make(chan error, writers)

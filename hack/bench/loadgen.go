@@ -314,6 +314,27 @@ type benchServer struct {
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	open map[net.Conn]struct{}
+	// While recording is set, every accepted connection's peer address is
+	// kept in lastPeer: how the peer comparison checks whether a path was
+	// masqueraded. Off during measured runs (the store allocates).
+	recording atomic.Bool
+	lastPeer  atomic.Pointer[netip.AddrPort]
+}
+
+// recordPeers turns peer recording on or off; on clears the last peer.
+func (s *benchServer) recordPeers(on bool) {
+	if on {
+		s.lastPeer.Store(nil)
+	}
+	s.recording.Store(on)
+}
+
+// peer is the last recorded peer address, or the zero AddrPort.
+func (s *benchServer) peer() netip.AddrPort {
+	if p := s.lastPeer.Load(); p != nil {
+		return *p
+	}
+	return netip.AddrPort{}
 }
 
 // startServer listens on addr inside ns (the socket is created on a thread
@@ -342,6 +363,13 @@ func (s *benchServer) serve() {
 				return
 			}
 			continue
+		}
+		if s.recording.Load() {
+			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+				ap := a.AddrPort()
+				ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+				s.lastPeer.Store(&ap)
+			}
 		}
 		s.mu.Lock()
 		s.open[c] = struct{}{}

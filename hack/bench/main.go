@@ -30,6 +30,19 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) == 2 && os.Args[1] == "-build-kube-proxy" {
+		// `make kube-proxy`: build (or find) the peer once, ahead of a run.
+		path, err := kubeProxyBinary(context.Background(), os.Stderr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		fmt.Println(path)
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "peers" {
+		os.Exit(peersMain(os.Args[2:]))
+	}
 	opts, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
