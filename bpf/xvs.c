@@ -75,11 +75,19 @@ static __always_inline bool tc_dont_fragment(struct __sk_buff *skb, const struct
  * bpf_redirect_neigh, which resolves it (and would otherwise route the
  * packet a second time). A packet too big for the egress MTU is answered
  * with ICMP frag-needed / packet-too-big quoting the untranslated packet,
- * as the node's forwarding would answer if it knew the frontend. *v is
- * the verdict, changed where the packet takes another way. */
+ * as the node's forwarding would answer if it knew the frontend (in both
+ * modes: the stack would quote the translated header, which the client's
+ * socket does not know). *v is the verdict, changed where the packet takes
+ * another way. */
+enum {
+	TC_FWD_REWRITE = 1 << 0, /* translate the packet (XDP has not) */
+	TC_FWD_STACK = 1 << 1,	 /* netfilter mode: hand it to the stack */
+};
+
 static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw,
-				 __u32 *v, bool rewrite)
+				 __u32 *v, __u32 how)
 {
+	bool rewrite = how & TC_FWD_REWRITE;
 	struct bpf_fib_lookup fib = {
 		.l4_protocol = p->proto,
 		.sport = rw->sport,
@@ -121,6 +129,10 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 		*v = XVS_V_PASS_FRAG_NEEDED;
 		goto stack;
 	}
+	if (how & TC_FWD_STACK)
+		/* Netfilter mode: the stack routes it (and decrements the
+		 * TTL) through PREROUTING, FORWARD and POSTROUTING. */
+		goto stack;
 	if (rewrite && tc_rewrite(skb, p, rw)) {
 		*v = XVS_V_DROP_REWRITE;
 		return TC_ACT_SHOT;
@@ -183,10 +195,28 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct xvs_pk
 	return nat_rewrite_v4(skb, p, false, rw->daddr, rw->dport);
 }
 
+/* The forwarding of a translated packet, from its flow's netfilter flags;
+ * a flow netfilter masquerades gets the mark its POSTROUTING rule looks
+ * for. */
+static __always_inline __u32 tc_how(struct __sk_buff *skb, __u32 nf_flags, __u32 how)
+{
+	if (!(nf_flags & XVS_CT_F_NETFILTER))
+		return how;
+	if (nf_flags & XVS_CT_F_NF_MASQ) {
+		__u32 zero = 0;
+		const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
+
+		if (cfg)
+			skb->mark |= cfg->masq_mark;
+	}
+	return how | TC_FWD_STACK;
+}
+
 static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 {
 	struct flow_scratch *sc = flow_scratch();
-	bool xdp = xdp_done(skb);
+	__u32 xdp_nf = 0;
+	bool xdp = xdp_done(skb, &xdp_nf);
 	int ret;
 
 	if (!sc)
@@ -213,14 +243,14 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 		res->rw.sport = p->sport;
 		res->rw.dport = p->dport;
 		res->verdict = XVS_V_FWD_XDP;
-		ret = tc_forward(skb, p, &res->rw, &res->verdict, false);
+		ret = tc_forward(skb, p, &res->rw, &res->verdict, tc_how(skb, xdp_nf, 0));
 		return verdict(ret, res->verdict, skb);
 	}
 
 	p->ifindex = skb->ingress_ifindex;
 	switch (flow_process(skb, p, res)) {
 	case XVS_ACT_NAT:
-		ret = tc_forward(skb, p, &res->rw, &res->verdict, true);
+		ret = tc_forward(skb, p, &res->rw, &res->verdict, tc_how(skb, res->nf_flags, TC_FWD_REWRITE));
 		return verdict(ret, res->verdict, skb);
 	case XVS_ACT_DROP:
 		return verdict(TC_ACT_SHOT, res->verdict, skb);
@@ -243,16 +273,17 @@ int xvs_tc_ingress(struct __sk_buff *skb)
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 }
 
-/* tc egress: replies of hostNetwork endpoints on this node (see
- * flow_egress). They were routed by the stack already and go on out of this
- * device; only their source changes back to the frontend. A node without
- * such endpoints pays one map lookup per packet. */
+/* tc egress: replies of hostNetwork endpoints on this node, and in
+ * netfilter mode of every flow (see flow_egress). They were routed (and
+ * filtered) by the stack already and go on out of this device; only their
+ * source changes back to the frontend. A node in bypass mode without such
+ * endpoints pays one map lookup per packet. */
 static __always_inline int handle_egress(struct __sk_buff *skb, bool v6)
 {
 	__u32 zero = 0;
 	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 
-	if (!cfg || !(cfg->flags & XVS_CFG_HOST_BACKENDS))
+	if (!cfg || !(cfg->flags & (XVS_CFG_HOST_BACKENDS | XVS_CFG_NETFILTER)))
 		return TC_ACT_OK;
 	struct flow_scratch *sc = flow_scratch();
 

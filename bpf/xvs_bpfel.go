@@ -47,6 +47,8 @@ type XvsFlowScratch struct {
 		Now     uint64
 		Len     uint32
 		Verdict uint32
+		NfFlags uint32
+		_       [4]byte
 	}
 	Entry XvsXvsCtEntry
 }
@@ -103,7 +105,7 @@ type XvsXvsConfig struct {
 	SnatPortMax uint16
 	SnatSkipMin uint16
 	SnatSkipMax uint16
-	Pad         uint32
+	MasqMark    uint32
 	NetnsCookie uint64
 }
 
@@ -113,6 +115,7 @@ const (
 	XvsXvsConfigFlagsXVS_CFG_MASQ_ALL      XvsXvsConfigFlags = 1
 	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL  XvsXvsConfigFlags = 2
 	XvsXvsConfigFlagsXVS_CFG_HOST_BACKENDS XvsXvsConfigFlags = 4
+	XvsXvsConfigFlagsXVS_CFG_NETFILTER     XvsXvsConfigFlags = 8
 )
 
 type XvsXvsConnCounts struct {
@@ -151,6 +154,8 @@ const (
 	XvsXvsCtFlagsXVS_CT_F_FIN_REPLY      XvsXvsCtFlags = 256
 	XvsXvsCtFlagsXVS_CT_F_HOST           XvsXvsCtFlags = 512
 	XvsXvsCtFlagsXVS_CT_F_LAST_FIN_REPLY XvsXvsCtFlags = 1024
+	XvsXvsCtFlagsXVS_CT_F_NETFILTER      XvsXvsCtFlags = 2048
+	XvsXvsCtFlagsXVS_CT_F_NF_MASQ        XvsXvsCtFlags = 4096
 )
 
 type XvsXvsCtKey struct {

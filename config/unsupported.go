@@ -54,7 +54,7 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 	// iptables.masqueradeAll (honoured) and nothing else of iptables.*.
 	const iptOnly = "iptables mode only; xvs has no iptables rules"
 	if b := c.IPTables.MasqueradeBit; b != nil && *b != 14 {
-		add("iptables.masqueradeBit", *b, "xvs marks nothing: masquerading is done in BPF without a fwmark")
+		add("iptables.masqueradeBit", *b, "xvs marks with bit 14 (0x4000) only, kube-proxy's default: its netfilter mode masquerades by that bit, its bypass mode without a mark")
 	}
 	if p := c.IPTables.LocalhostNodePorts; p != nil && *p {
 		add("iptables.localhostNodePorts", *p, "NodePorts are never served on localhost (nftables and IPVS parity, CVE-2020-8558)")

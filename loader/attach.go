@@ -237,12 +237,13 @@ func Attached(pinPath string) ([]Attachment, error) {
 	return out, nil
 }
 
-// Cleanup detaches xvs from every device and removes all its pins: the
-// programs stop, and the maps are freed once nothing holds them.
+// Cleanup detaches xvs from every device and removes all its pins and its
+// netfilter-mode table: the programs stop, and the maps are freed once
+// nothing holds them.
 func Cleanup(pinPath string) error {
 	var errs []error
 	atts, err := Attached(pinPath)
-	errs = append(errs, err, detachXDP(pinPath), detachSockets(pinPath))
+	errs = append(errs, err, detachXDP(pinPath), detachSockets(pinPath), RemoveNetfilter())
 	for _, a := range atts {
 		errs = append(errs, Detach(pinPath, a.Device))
 	}

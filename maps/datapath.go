@@ -28,6 +28,12 @@ type Config struct {
 	// MasqueradeAddrs, when set, are the addresses (one per family)
 	// masqueraded flows leave from, whatever their egress interface.
 	MasqueradeAddrs []netip.Addr
+	// NetfilterMark, when nonzero, selects netfilter mode: new flows go
+	// to the stack once translated, through the node's netfilter hooks,
+	// and those to masquerade carry this mark bit to the POSTROUTING rule
+	// that masquerades them (loader.InstallNetfilter). Zero is bypass
+	// mode: the programs redirect and masquerade themselves.
+	NetfilterMark uint32
 }
 
 // Datapath realises a model.State in the BPF maps (model.Datapath).
@@ -83,6 +89,7 @@ type Datapath struct {
 	snatPortMin, snatPortMax uint16
 	snatSkipMin, snatSkipMax uint16
 	masqAddrs                []netip.Addr
+	nfMark                   uint32
 	netnsCookie              uint64
 	// staleDeleted counts UDP/SCTP flows and socket choices deleted
 	// because their backend stopped serving, by family (IPv4, IPv6).
@@ -148,6 +155,7 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 		snatPortMin:  cfg.SNATPortMin,
 		snatPortMax:  cfg.SNATPortMax,
 		masqAddrs:    cfg.MasqueradeAddrs,
+		nfMark:       cfg.NetfilterMark,
 		netnsCookie:  netnsCookie(),
 	}
 	if d.snatPortMin == 0 && d.snatPortMax == 0 {

@@ -82,6 +82,10 @@ func (d *Datapath) syncNode(st *model.State) error {
 	if st.MasqueradeAll {
 		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_MASQ_ALL)
 	}
+	if d.nfMark != 0 {
+		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_NETFILTER)
+		want.MasqMark = d.nfMark
+	}
 	if len(st.PodCIDRs) > 0 {
 		want.Flags |= uint32(xbpf.XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL)
 	}

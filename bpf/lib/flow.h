@@ -45,7 +45,12 @@ struct flow_res {
 	__u64 now;
 	__u32 len;
 	__u32 verdict;
+	/* The flow's XVS_CT_F_NETFILTER and XVS_CT_F_NF_MASQ: how a
+	 * translated packet is handed on (see tc_forward). */
+	__u32 nf_flags;
 };
+
+#define XVS_CT_F_NF_MASK (XVS_CT_F_NETFILTER | XVS_CT_F_NF_MASQ)
 
 #define __noinline __attribute__((noinline))
 
@@ -118,6 +123,7 @@ static __noinline int flow_established(const struct xvs_pkt *p, struct xvs_ct_en
 	ct_touch(e, p, false, res->now);
 	ct_account(e, res->len, ct_closing(e->state));
 	flow_forward_rewrite(p, e, &res->rw);
+	res->nf_flags = e->flags & XVS_CT_F_NF_MASK;
 	res->verdict = XVS_V_FWD_ESTABLISHED;
 	return XVS_ACT_NAT;
 }
@@ -455,6 +461,16 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	 * conntrack-INVALID (a stray RST, a segment of a forgotten flow). */
 	if (p->proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) != TCP_FLAG_SYN) {
+		__u32 ifindex = 0;
+
+		/* In netfilter mode, a segment to a port of this node's own
+		 * address may be a reply netfilter masqueraded (it chose the
+		 * port): its conntrack knows, ours cannot. */
+		if ((cfg->flags & XVS_CFG_NETFILTER) &&
+		    flow_route(ctx, p, p->daddr, p->dport, &ifindex) == FLOW_ROUTE_LOCAL) {
+			*verdict = XVS_V_PASS;
+			return XVS_ACT_PASS;
+		}
 		*verdict = XVS_V_DROP_INVALID;
 		return XVS_ACT_DROP;
 	}
@@ -485,6 +501,20 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 		 * that path); its replies are reverse-NATed at egress. */
 		flags |= XVS_CT_F_HOST;
 		snat = false;
+	} else if (cfg->flags & XVS_CFG_NETFILTER) {
+		/* Netfilter mode: the stack routes, filters and masquerades
+		 * the translated packet; a route to this node's own address
+		 * is local delivery, never masqueraded, as above. */
+		flags |= XVS_CT_F_NETFILTER;
+		if (snat) {
+			__u32 ifindex = 0;
+
+			if (flow_route(ctx, p, be_addr, be_port, &ifindex) == FLOW_ROUTE_LOCAL)
+				flags |= XVS_CT_F_HOST;
+			else
+				flags |= XVS_CT_F_NF_MASQ;
+			snat = false;
+		}
 	} else if (snat) {
 		/* Masquerade leaves by the egress interface's address, as
 		 * MASQUERADE does. */
@@ -593,6 +623,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	res->rw.sport = sport;
 	__builtin_memcpy(res->rw.daddr, be_addr, 16);
 	res->rw.dport = be_port;
+	res->nf_flags = flags & XVS_CT_F_NF_MASK;
 	*verdict = XVS_V_FWD_NEW;
 	return XVS_ACT_NAT;
 }
@@ -615,7 +646,15 @@ static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
 
 		/* A stale reply entry (the reaper removes it) says nothing:
 		 * the packet is not part of a live flow of ours. */
-		return fe ? flow_reply(p, e, fe, res) : XVS_ACT_NEW;
+		if (!fe)
+			return XVS_ACT_NEW;
+		/* A reply of a netfilter-mode flow meets netfilter as it
+		 * left the backend; its egress translates it. */
+		if (e->flags & XVS_CT_F_NETFILTER) {
+			res->verdict = XVS_V_PASS;
+			return XVS_ACT_PASS;
+		}
+		return flow_reply(p, e, fe, res);
 	}
 	if (ct_usable(e, p, now))
 		return flow_established(p, e, res);
@@ -640,8 +679,9 @@ static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, stru
 }
 
 /* At a device's egress: a reply of a flow whose backend is this node's own
- * address (a hostNetwork endpoint) leaves the node's stack here, and gets
- * its reverse NAT. Anything else passes. */
+ * address (a hostNetwork endpoint), or of any flow in netfilter mode,
+ * leaves the node's stack here, and gets its reverse NAT. Anything else
+ * passes. */
 static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_ct_key ck = {};
@@ -651,7 +691,7 @@ static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
 	res->verdict = XVS_V_PASS;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	if (!e || (e->flags & (XVS_CT_F_REPLY | XVS_CT_F_HOST)) != (XVS_CT_F_REPLY | XVS_CT_F_HOST))
+	if (!e || !(e->flags & XVS_CT_F_REPLY) || !(e->flags & (XVS_CT_F_HOST | XVS_CT_F_NETFILTER)))
 		return XVS_ACT_PASS;
 	fe = ct_flow_of(&ck, e, res->now);
 	if (!fe)

@@ -157,6 +157,15 @@ enum xvs_ct_flags {
 	/* Both sides sent a FIN, the backend last (which side's ACK ends the
 	 * connection). */
 	XVS_CT_F_LAST_FIN_REPLY = 1 << 10,
+	/* The flow passes the node's netfilter hooks (netfilter mode): its
+	 * forward packets go to the stack once translated, to be routed,
+	 * filtered and (with NF_MASQ) masqueraded there, and its replies
+	 * pass ingress untouched and are reverse-NATed at the egress of the
+	 * device they leave by, after netfilter has seen them. */
+	XVS_CT_F_NETFILTER = 1 << 11,
+	/* netfilter masquerades the flow: its forward packets carry the
+	 * masquerade mark (xvs_config.masq_mark) into POSTROUTING. */
+	XVS_CT_F_NF_MASQ = 1 << 12,
 };
 
 /* TCP connection states, as netfilter names them (conntrack -L); UDP and
@@ -213,6 +222,10 @@ enum xvs_config_flags {
 	 * reverse-NATs the replies of such flows (otherwise it returns at
 	 * once). */
 	XVS_CFG_HOST_BACKENDS = 1 << 2,
+	/* Netfilter mode: new flows pass the node's netfilter hooks with
+	 * their translated addresses (XVS_CT_F_NETFILTER) instead of being
+	 * redirected past them. */
+	XVS_CFG_NETFILTER = 1 << 3,
 };
 
 /* Node-wide settings the agent writes to xvs_node_config[0]. */
@@ -230,7 +243,9 @@ struct xvs_config {
 	__u16 snat_port_max;
 	__u16 snat_skip_min;
 	__u16 snat_skip_max;
-	__u32 pad;
+	/* Netfilter mode: the packet mark bit the node's POSTROUTING
+	 * masquerades by (kube-proxy's 0x4000). */
+	__u32 masq_mark;
 	/* The agent's network namespace: the socket-level load balancer
 	 * only serves processes of the node itself (pods have their own
 	 * namespaces and go through tc). */

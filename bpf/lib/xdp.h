@@ -28,6 +28,8 @@
 
 struct xvs_xdp_meta {
 	__u32 magic;
+	/* The flow's netfilter flags (flow_res.nf_flags), for tc. */
+	__u32 nf_flags;
 };
 
 /* RFC 1624 incremental update of a 16-bit one's complement checksum. */
@@ -170,6 +172,7 @@ int xvs_xdp(struct xdp_md *ctx)
 		if ((void *)(meta + 1) > (void *)(long)ctx->data)
 			return XDP_DROP;
 		meta->magic = XVS_XDP_MAGIC;
+		meta->nf_flags = sc->res.nf_flags;
 		stats_verdict(sc->res.verdict, len);
 		return XDP_PASS;
 	case XVS_ACT_DROP:
@@ -189,7 +192,7 @@ int xvs_xdp_empty(struct xdp_md *ctx)
 
 /* In tc: did the XDP program translate this packet? The mark is consumed,
  * so that it cannot travel further with the skb. */
-static __always_inline bool xdp_done(struct __sk_buff *skb)
+static __always_inline bool xdp_done(struct __sk_buff *skb, __u32 *nf_flags)
 {
 	void *data = (void *)(long)skb->data;
 	struct xvs_xdp_meta *meta = (void *)(long)skb->data_meta;
@@ -197,6 +200,7 @@ static __always_inline bool xdp_done(struct __sk_buff *skb)
 	if ((void *)(meta + 1) > data || meta->magic != XVS_XDP_MAGIC)
 		return false;
 	meta->magic = 0;
+	*nf_flags = meta->nf_flags;
 	return true;
 }
 

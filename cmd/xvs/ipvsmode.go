@@ -28,6 +28,12 @@ const (
 	modeIPVS = "ipvs"
 )
 
+// Netfilter modes of the ebpf datapath (--netfilter-mode).
+const (
+	netfilterPass   = "pass"
+	netfilterBypass = "bypass"
+)
+
 // envFailBPFLoad is the fault-injection knob that makes the BPF load fail,
 // for the fallback tests. Never set it in production.
 const envFailBPFLoad = "XVS_DEBUG_FAIL_BPF_LOAD"
@@ -50,6 +56,7 @@ type modeFlags struct {
 	ipvsDeviceName string
 	// ebpf mode's own.
 	masqPorts  string
+	netfilter  string
 	masqAddrs  string
 	maglevSize uint
 	mapSizes   loader.Config // the Max* and ConntrackSize fields
@@ -71,7 +78,8 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
 	fs.StringVar(&f.masqAddrs, "masquerade-address", "", "ebpf mode: comma-separated addresses (one per family) masqueraded connections leave from, instead of the egress interface's primary address")
-	fs.StringVar(&f.masqPorts, "masquerade-port-range", fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax), "ebpf mode: source ports of masqueraded connections; the node's ephemeral range (net.ipv4.ip_local_port_range) inside it is skipped")
+	fs.StringVar(&f.masqPorts, "masquerade-port-range", "", fmt.Sprintf("ebpf mode: source ports of masqueraded connections (default: %d-%d with --netfilter-mode=pass, where they must not hold a NodePort; %d-%d with bypass, where the node's ephemeral range, net.ipv4.ip_local_port_range, is skipped)", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax, maps.DefaultSNATPortMin, maps.DefaultSNATPortMax))
+	fs.StringVar(&f.netfilter, "netfilter-mode", netfilterPass, "ebpf mode: pass (Service traffic, once translated, goes through the node's routing and netfilter FORWARD/INPUT/POSTROUTING hooks, and netfilter masquerades it, as under kube-proxy's IPVS mode) or bypass (the programs forward and masquerade it themselves, past netfilter: faster, but the node's firewall and NetworkPolicy rules never see it); see docs/nodes.md")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	def := loader.DefaultConfig()
 	f.mapSizes = def
@@ -89,6 +97,11 @@ func (f *modeFlags) validate() error {
 		f.proxyMode = modeEBPF
 	default:
 		return fmt.Errorf("--proxy-mode %q: want ebpf or ipvs", f.proxyMode)
+	}
+	switch f.netfilter {
+	case netfilterPass, netfilterBypass:
+	default:
+		return fmt.Errorf("--netfilter-mode %q: want %s or %s", f.netfilter, netfilterPass, netfilterBypass)
 	}
 	switch f.fallback {
 	case "", modeIPVS:
@@ -295,10 +308,34 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	lo, hi, err := parsePortRange(f.mode.masqPorts)
+	ports := f.mode.masqPorts
+	if ports == "" {
+		ports = fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax)
+		if f.mode.netfilter == netfilterPass {
+			ports = fmt.Sprintf("%d-%d", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax)
+		}
+	}
+	lo, hi, err := parsePortRange(ports)
 	if err != nil {
 		objs.Close()
 		return nil, fmt.Errorf("--masquerade-port-range: %w", err)
+	}
+	var nfMark uint32
+	if f.mode.netfilter == netfilterPass {
+		// The masquerade rule first: the first flow marked for it may
+		// come as soon as the maps are written.
+		nfMark = loader.DefaultMasqueradeMark
+		if err := loader.InstallNetfilter(loader.Netfilter{Mark: nfMark, PortMin: lo, PortMax: hi}); err != nil {
+			objs.Close()
+			return nil, fmt.Errorf("--netfilter-mode=pass: %w", err)
+		}
+		slog.Info("Service traffic passes the node's netfilter hooks once translated; netfilter masquerades it",
+			"table", loader.NetfilterTable, "mark", fmt.Sprintf("%#x", nfMark), "ports", ports)
+	} else {
+		if err := loader.RemoveNetfilter(); err != nil {
+			slog.Warn("cannot remove the netfilter mode's table", "table", loader.NetfilterTable, "err", err)
+		}
+		slog.Info("Service traffic bypasses the node's netfilter hooks (--netfilter-mode=bypass): firewall and NetworkPolicy rules there do not see it")
 	}
 	masq, err := parseAddrList(f.mode.masqAddrs)
 	if err != nil {
@@ -308,7 +345,7 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{
 		MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends,
 		SNATPortMin: lo, SNATPortMax: hi, MaglevSize: uint32(f.mode.maglevSize),
-		MasqueradeAddrs: masq,
+		MasqueradeAddrs: masq, NetfilterMark: nfMark,
 	})
 	if err != nil {
 		objs.Close()
