@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -50,8 +52,10 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	window := fs.Duration("window", defWindow, "measured time of each masqueraded case ($"+envPeersWindow+" sets the default)")
 	windowUnmasq := fs.Duration("window-unmasq", 10*time.Second, "measured time of each unmasqueraded case and of the floor")
 	warmup := fs.Duration("warmup", 3*time.Second, "load before each window, not counted")
-	ready := fs.Duration("ready-timeout", 4*time.Minute, "longest wait for a proxy's first sync at a size (a proxy that misses it is reported, not run again at that size)")
+	ready := fs.Duration("ready-timeout", 5*time.Minute, "longest wait for a proxy's first sync at a size (a proxy that misses it is reported, not run again at that size)")
+	slowSync := fs.Duration("slow-sync", time.Minute, "a proxy whose first sync at a size takes longer runs in the first round only at that size (0: every round)")
 	proxies := fs.String("proxies", "floor,kube-proxy-nftables,kube-proxy-iptables,xvs", "what to compare")
+	masq := fs.String("masquerade", "both", "cases to run: both, on (masqueraded only) or off")
 	xvsBin := fs.String("xvs-bin", "", "xvs binary (default: built from this tree)")
 	kpBin := fs.String("kube-proxy-bin", "", "kube-proxy binary (default: built from test/kubeproxy into the cache, or $"+envKubeProxyBin+")")
 	if err := fs.Parse(args); err != nil {
@@ -68,9 +72,46 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	if err != nil {
 		return PeersOptions{}, fmt.Errorf("-proxies: %w", err)
 	}
+	masqs, ok := map[string][]bool{"both": {false, true}, "on": {true}, "off": {false}}[*masq]
+	if !ok {
+		return PeersOptions{}, fmt.Errorf("-masquerade: %q is not both, on or off", *masq)
+	}
 	return PeersOptions{
 		Out: *out, Command: strings.TrimSpace("go run ./hack/bench peers " + strings.Join(args, " ")),
 		Sizes: ns, Rounds: *rounds, Workers: *workers, Window: *window, WindowUnmasq: *windowUnmasq, Warmup: *warmup,
-		ReadyTimeout: *ready, Proxies: ps, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
+		ReadyTimeout: *ready, SlowSync: *slowSync, Proxies: ps, Masq: masqs, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
 	}, nil
+}
+
+// buildXvsCommitted builds the agent from the repository's HEAD, not the
+// work tree: the machine is shared, and uncommitted changes of someone
+// else's must not be what the report names. It returns the binary and the
+// commit it was built from.
+func buildXvsCommitted(ctx context.Context, dir string) (bin, commit string, err error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", "", err
+	}
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("git rev-parse: %w", err)
+	}
+	commit = strings.TrimSpace(string(out))
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", "", err
+	}
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive HEAD | tar -x -C "$2"`, "sh", root, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("git archive HEAD: %v: %s", err, out)
+	}
+	bin = filepath.Join(dir, "xvs")
+	build := exec.CommandContext(ctx, goBin(), "build", "-ldflags",
+		"-X main.version="+commit+" -X main.gitCommit="+commit, "-o", bin, "./cmd/xvs")
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("build xvs at %s: %v: %s", commit, err, out)
+	}
+	return bin, commit, nil
 }

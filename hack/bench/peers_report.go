@@ -38,9 +38,11 @@ func RunPeers(ctx context.Context, o PeersOptions) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		if o.XvsBin, err = buildXvs(ctx, dir, false); err != nil {
+		var commit string
+		if o.XvsBin, commit, err = buildXvsCommitted(ctx, dir); err != nil {
 			return err
 		}
+		logf(o.Log, "peers: xvs built from HEAD (%s)", commit)
 	}
 	rs, info, err := measurePeers(ctx, o)
 	if err != nil {
@@ -174,8 +176,8 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 		}
 	}
 	fmt.Fprintln(&b)
-	fmt.Fprintf(&b, "A dash is a size where one side was not measured (below: why). Ratios are judged without a noise allowance: one within a few percent of its threshold is a tie rather than a clear result.\n\n")
-	writePeerFailures(&b, rs)
+	fmt.Fprintf(&b, "A dash is a size where one side was not measured; sizes with fewer rounds are listed below, with why. Ratios are judged without a noise allowance: one within a few percent of its threshold is a tie rather than a clear result.\n\n")
+	writePeerFailures(&b, o, rs)
 
 	var u unix.Utsname
 	_ = unix.Uname(&u)
@@ -310,16 +312,20 @@ func writePeerRatioTable(b *bytes.Buffer, o PeersOptions, rs []peerResult) {
 	fmt.Fprintln(b)
 }
 
-func writePeerFailures(b *bytes.Buffer, rs []peerResult) {
+func writePeerFailures(b *bytes.Buffer, o PeersOptions, rs []peerResult) {
 	any := false
 	for _, r := range rs {
-		for c, cell := range r.Cells {
-			if cell.Err == "" {
+		for _, c := range o.cases() {
+			cell := r.Cells[c]
+			switch {
+			case cell.Err != "":
+				fmt.Fprintf(b, "- **%s at %d Services: stopped after %d measured round(s).** %s\n", c, r.N, len(cell.Runs), strings.ReplaceAll(tail(strings.TrimSpace(cell.Err), 3), "\n", " / "))
+			case cell.Note != "":
+				fmt.Fprintf(b, "- **%s at %d Services: %d round(s).** %s.\n", c, r.N, len(cell.Runs), cell.Note)
+			default:
 				continue
 			}
 			any = true
-			runs := len(cell.Runs)
-			fmt.Fprintf(b, "- **%s at %d Services: stopped after %d measured round(s).** %s\n", c, r.N, runs, strings.ReplaceAll(tail(strings.TrimSpace(cell.Err), 3), "\n", " / "))
 		}
 	}
 	if any {
@@ -333,7 +339,7 @@ func writePeersMethod(b *bytes.Buffer, o PeersOptions) {
 - **API server**: one kube-apiserver v1.37 with embedded etcd (lab/kubeapi) for the whole run, on the host's loopback, relayed into the node namespace at the same address. N ClusterIP Services (port 80/TCP, Service i at 10.96.0.%s+i, the API server's own `+"`kubernetes`"+` Service at 10.96.0.1) and one EndpointSlice each with the three pods (port 8080, ready) are created through it before each size, added to the previous size's; a Node object `+"`%s`"+` carries the node's InternalIP.
 - **Proxies**, each a process started in the node namespace with `+"`nsenter --net`"+` (so it writes rules and sysctls there only) on the same KubeProxyConfiguration file, which differs only in `+"`mode`"+` (nftables, iptables, ebpf) and, in the masqueraded cases, `+"`clusterCIDR: %s`"+`: `+"`hostnameOverride`"+` the Node, `+"`clientConnection.kubeconfig`"+` the API server's, `+"`conntrack.maxPerCore: 0`"+`. Everything else is each program's default.
   - **kube-proxy nftables / iptables**: upstream kube-proxy v1.37.2, `+"`cmd/kube-proxy`"+` of k8s.io/kubernetes built from the Go modules (test/kubeproxy, cached under /var/cache/xvs/kube-proxy).
-  - **xvs (ebpf)**: the real `+"`xvs agent`"+` binary built from this tree, with a private `+"`--pin-path`"+`.
+  - **xvs (ebpf)**: the real `+"`xvs agent`"+` binary, built from the repository's HEAD (`+"`git archive`"+`, so no uncommitted change is measured; `+"`-xvs-bin`"+` replaces it), with a private `+"`--pin-path`"+`.
   - **no proxy (floor)**: nothing runs; the client connects to the pod addresses themselves, through the same node.
 - **Masquerade**: with `+"`clusterCIDR`"+` set, the client (outside it) is off-cluster, and kube-proxy (a `+"`mark-for-masquerade`"+` rule per Service, MASQUERADE with `+"`--random-fully`"+`) and xvs (in BPF) masquerade it to the node's address; without it neither does. Before every window one connection checks it: the pod that answers records the source it saw, and a case whose masquerade is not what it should be fails instead of being measured.
 - **Load**: %d workers, each an OS thread in the client namespace looping connect, send 16 bytes, receive 16 bytes, close (raw non-blocking sockets and poll(2)), to every VIP in turn (worker w's k-th connection to Service (w + k x workers) mod N): every connection is a new flow. Only completions inside the window count; a window follows a %v warm-up.
