@@ -79,6 +79,23 @@ static __always_inline bool tc_dont_fragment(struct __sk_buff *skb, const struct
  * modes: the stack would quote the translated header, which the client's
  * socket does not know). *v is the verdict, changed where the packet takes
  * another way. */
+/* Is the packet too big for ifindex's MTU? A GSO/GRO packet is checked by
+ * its segments, as the forwarding path does. Any other is checked by its
+ * network length here: the helper counts the egress device's link-layer
+ * header against the skb's, which differ between an Ethernet device and
+ * an L3 one (tun, IPIP, WireGuard: none), either way. *mtu gets the MTU. */
+static __always_inline bool tc_too_big(struct __sk_buff *skb, const struct xvs_pkt *p, __u32 ifindex,
+				       __u32 *mtu)
+{
+	long r = bpf_check_mtu(skb, ifindex, mtu, 0, BPF_MTU_CHK_SEGS);
+
+	if (r < 0 || r == BPF_MTU_CHK_RET_SEGS_TOOBIG)
+		return true;
+	if (skb->gso_size)
+		return false;
+	return skb->len - p->l3_off > *mtu;
+}
+
 enum {
 	TC_FWD_REWRITE = 1 << 0, /* translate the packet (XDP has not) */
 	TC_FWD_STACK = 1 << 1,	 /* netfilter mode: hand it to the stack */
@@ -106,17 +123,22 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 		fib.ipv4_src = addr_v4(rw->saddr);
 		fib.ipv4_dst = addr_v4(rw->daddr);
 	}
-	/* tot_len stays 0: the kernel then checks the skb itself against the
-	 * egress MTU, and a GSO/GRO packet by its segments (below), as its
-	 * forwarding path does; a packet's IP length says nothing of them. */
+	/* tot_len stays 0: a packet's IP length says nothing of a GSO/GRO
+	 * packet's segments, which tc_too_big checks (below), as the
+	 * kernel's forwarding path does. */
 	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
+	/* The helper's own check of the skb (tot_len 0) counts link-layer
+	 * headers as tc_too_big's comment says; its FRAG_NEEDED comes after
+	 * a complete lookup (neighbour included), and tc_too_big decides. */
+	if (ret == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		ret = BPF_FIB_LKUP_RET_SUCCESS;
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
 		goto stack;
 
 	__u32 mtu = 0;
 
-	if (bpf_check_mtu(skb, fib.ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+	if (tc_too_big(skb, p, fib.ifindex, &mtu)) {
 		if (rewrite && tc_dont_fragment(skb, p)) {
 			int r = reject_too_big(skb, p, mtu);
 
@@ -153,7 +175,23 @@ static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p,
 		if (bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old, new, sizeof(new)))
 			return TC_ACT_SHOT;
 	}
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
+	if (!p->l3_off) {
+		/* From a device without a link-layer header (l3_off 0): both
+		 * redirect helpers want one, so it gets an Ethernet header (the
+		 * FIB's MACs; bpf_redirect_neigh replaces a zero one, and a
+		 * device without MACs drops it again). */
+		struct ethhdr eth = {.h_proto = v6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP)};
+
+		if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
+			__builtin_memcpy(eth.h_dest, fib.dmac, ETH_ALEN);
+			__builtin_memcpy(eth.h_source, fib.smac, ETH_ALEN);
+		}
+		if (bpf_skb_change_head(skb, ETH_HLEN, 0) ||
+		    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0))
+			return TC_ACT_SHOT;
+		if (ret == BPF_FIB_LKUP_RET_SUCCESS)
+			return bpf_redirect(fib.ifindex, 0);
+	} else if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
 		if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
 		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
@@ -212,8 +250,11 @@ static __always_inline __u32 tc_how(struct __sk_buff *skb, __u32 nf_flags, __u32
 	return how | TC_FWD_STACK;
 }
 
-static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
+/* l3: the device has no link-layer header (tun, IPIP, WireGuard): the
+ * network header is the packet's start. */
+static __always_inline int handle_ip(struct __sk_buff *skb, bool v6, bool l3)
 {
+	__u32 l3_off = l3 ? 0 : ETH_HLEN;
 	struct flow_scratch *sc = flow_scratch();
 	__u32 xdp_nf = 0;
 	bool xdp = xdp_done(skb, &xdp_nf);
@@ -225,7 +266,7 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool v6)
 	struct flow_res *res = &sc->res;
 
 	res->len = skb->len;
-	switch (v6 ? parse_ipv6(skb, ETH_HLEN, p) : parse_ipv4(skb, ETH_HLEN, p)) {
+	switch (v6 ? parse_ipv6(skb, l3_off, p) : parse_ipv4(skb, l3_off, p)) {
 	case XVS_PARSE_OK:
 		break;
 	case XVS_PARSE_IGNORE:
@@ -267,9 +308,21 @@ SEC("tc")
 int xvs_tc_ingress(struct __sk_buff *skb)
 {
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return handle_ip(skb, false);
+		return handle_ip(skb, false, false);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return handle_ip(skb, true);
+		return handle_ip(skb, true, false);
+	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
+}
+
+/* The same for devices without a link-layer header (the loader picks it by
+ * the device's type). */
+SEC("tc")
+int xvs_tc_ingress_l3(struct __sk_buff *skb)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return handle_ip(skb, false, true);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_ip(skb, true, true);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 }
 
@@ -278,8 +331,9 @@ int xvs_tc_ingress(struct __sk_buff *skb)
  * filtered) by the stack already and go on out of this device; only their
  * source changes back to the frontend. A node in bypass mode without such
  * endpoints pays one map lookup per packet. */
-static __always_inline int handle_egress(struct __sk_buff *skb, bool v6)
+static __always_inline int handle_egress(struct __sk_buff *skb, bool v6, bool l3)
 {
+	__u32 l3_off = l3 ? 0 : ETH_HLEN;
 	__u32 zero = 0;
 	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 
@@ -293,7 +347,7 @@ static __always_inline int handle_egress(struct __sk_buff *skb, bool v6)
 	struct flow_res *res = &sc->res;
 
 	res->len = skb->len;
-	if ((v6 ? parse_ipv6(skb, ETH_HLEN, p) : parse_ipv4(skb, ETH_HLEN, p)) != XVS_PARSE_OK)
+	if ((v6 ? parse_ipv6(skb, l3_off, p) : parse_ipv4(skb, l3_off, p)) != XVS_PARSE_OK)
 		return TC_ACT_OK;
 	p->ifindex = skb->ifindex;
 	if (flow_egress(p, res) != XVS_ACT_NAT)
@@ -307,9 +361,19 @@ SEC("tc")
 int xvs_tc_egress(struct __sk_buff *skb)
 {
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return handle_egress(skb, false);
+		return handle_egress(skb, false, false);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return handle_egress(skb, true);
+		return handle_egress(skb, true, false);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int xvs_tc_egress_l3(struct __sk_buff *skb)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return handle_egress(skb, false, true);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_egress(skb, true, true);
 	return TC_ACT_OK;
 }
 

@@ -399,8 +399,10 @@ const (
 	XvsProgXvsSockSendmsg4     = "xvs_sock_sendmsg4"
 	XvsProgXvsSockSendmsg6     = "xvs_sock_sendmsg6"
 	XvsProgXvsTcEgress         = "xvs_tc_egress"
+	XvsProgXvsTcEgressL3       = "xvs_tc_egress_l3"
 	XvsProgXvsTcEmpty          = "xvs_tc_empty"
 	XvsProgXvsTcIngress        = "xvs_tc_ingress"
+	XvsProgXvsTcIngressL3      = "xvs_tc_ingress_l3"
 	XvsProgXvsXdp              = "xvs_xdp"
 	XvsProgXvsXdpEmpty         = "xvs_xdp_empty"
 	XvsVarUnusedAffinityKey    = "_unused_affinity_key"
@@ -485,8 +487,10 @@ type XvsProgramSpecs struct {
 	XvsSockSendmsg4     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg4"`
 	XvsSockSendmsg6     *ebpf.ProgramSpec `ebpf:"xvs_sock_sendmsg6"`
 	XvsTcEgress         *ebpf.ProgramSpec `ebpf:"xvs_tc_egress"`
+	XvsTcEgressL3       *ebpf.ProgramSpec `ebpf:"xvs_tc_egress_l3"`
 	XvsTcEmpty          *ebpf.ProgramSpec `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress"`
+	XvsTcIngressL3      *ebpf.ProgramSpec `ebpf:"xvs_tc_ingress_l3"`
 	XvsXdp              *ebpf.ProgramSpec `ebpf:"xvs_xdp"`
 	XvsXdpEmpty         *ebpf.ProgramSpec `ebpf:"xvs_xdp_empty"`
 }
@@ -679,8 +683,10 @@ type XvsPrograms struct {
 	XvsSockSendmsg4     *ebpf.Program `ebpf:"xvs_sock_sendmsg4"`
 	XvsSockSendmsg6     *ebpf.Program `ebpf:"xvs_sock_sendmsg6"`
 	XvsTcEgress         *ebpf.Program `ebpf:"xvs_tc_egress"`
+	XvsTcEgressL3       *ebpf.Program `ebpf:"xvs_tc_egress_l3"`
 	XvsTcEmpty          *ebpf.Program `ebpf:"xvs_tc_empty"`
 	XvsTcIngress        *ebpf.Program `ebpf:"xvs_tc_ingress"`
+	XvsTcIngressL3      *ebpf.Program `ebpf:"xvs_tc_ingress_l3"`
 	XvsXdp              *ebpf.Program `ebpf:"xvs_xdp"`
 	XvsXdpEmpty         *ebpf.Program `ebpf:"xvs_xdp_empty"`
 }
@@ -696,8 +702,10 @@ func (p *XvsPrograms) Close() error {
 		p.XvsSockSendmsg4,
 		p.XvsSockSendmsg6,
 		p.XvsTcEgress,
+		p.XvsTcEgressL3,
 		p.XvsTcEmpty,
 		p.XvsTcIngress,
+		p.XvsTcIngressL3,
 		p.XvsXdp,
 		p.XvsXdpEmpty,
 	)

@@ -43,11 +43,24 @@ var hooks = []hook{
 	{"links-egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS},
 }
 
-func (o *Objects) hookProgram(h hook) *ebpf.Program {
-	if h.attach == ebpf.AttachTCXEgress {
+// hookProgram is the program for hook h on a device with (Ethernet) or
+// without (l3: tun, IPIP, WireGuard) a link-layer header.
+func (o *Objects) hookProgram(h hook, l3 bool) *ebpf.Program {
+	switch {
+	case h.attach == ebpf.AttachTCXEgress && l3:
+		return o.XvsTcEgressL3
+	case h.attach == ebpf.AttachTCXEgress:
 		return o.XvsTcEgress
+	case l3:
+		return o.XvsTcIngressL3
 	}
 	return o.XvsTcIngress
+}
+
+// isL3 tells a device without a link-layer header: anything that is not
+// Ethernet (veth, bridge, macvlan, vxlan, physical NICs all are).
+func isL3(nl netlink.Link) bool {
+	return nl.Attrs().EncapType != "ether"
 }
 
 func (h hook) filterName() string {
@@ -88,7 +101,7 @@ func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
 	}
 	ifindex := nl.Attrs().Index
 	if mode != AttachLegacy {
-		err := o.attachTCX(dev, ifindex)
+		err := o.attachTCX(dev, ifindex, isL3(nl))
 		if err == nil {
 			return Attachment{Device: dev, Mode: AttachTCX}, nil
 		}
@@ -102,21 +115,21 @@ func (o *Objects) Attach(dev string, mode AttachMode) (Attachment, error) {
 	return Attachment{Device: dev, Mode: AttachLegacy}, nil
 }
 
-func (o *Objects) attachTCX(dev string, ifindex int) error {
+func (o *Objects) attachTCX(dev string, ifindex int, l3 bool) error {
 	for _, h := range hooks {
-		if err := o.attachTCXHook(h, dev, ifindex); err != nil {
+		if err := o.attachTCXHook(h, dev, ifindex, l3); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (o *Objects) attachTCXHook(h hook, dev string, ifindex int) error {
+func (o *Objects) attachTCXHook(h hook, dev string, ifindex int, l3 bool) error {
 	pin := linkPin(o.cfg.PinPath, h, dev)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		info, ierr := l.Info()
 		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			err := l.Update(o.hookProgram(h))
+			err := l.Update(o.hookProgram(h, l3))
 			l.Close()
 			if err != nil {
 				return fmt.Errorf("replace program on %s: %w", dev, err)
@@ -130,7 +143,7 @@ func (o *Objects) attachTCXHook(h hook, dev string, ifindex int) error {
 	}
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
-		Program:   o.hookProgram(h),
+		Program:   o.hookProgram(h, l3),
 		Attach:    h.attach,
 	})
 	if err != nil {
@@ -167,7 +180,7 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 				Priority:  legacyPriority,
 				Protocol:  unix.ETH_P_ALL,
 			},
-			Fd:           o.hookProgram(h).FD(),
+			Fd:           o.hookProgram(h, isL3(nl)).FD(),
 			Name:         h.filterName(),
 			DirectAction: true,
 		}

@@ -60,11 +60,14 @@ static __always_inline void ipv4_reply_hdr(struct iphdr *ip, const struct xvs_pk
 	ip->check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
 }
 
-/* Swap the Ethernet addresses and send the packet back where it came from. */
-static __always_inline int reject_bounce(struct __sk_buff *skb)
+/* Swap the Ethernet addresses (a device without them, l3_off 0, has none)
+ * and send the packet back where it came from. */
+static __always_inline int reject_bounce(struct __sk_buff *skb, const struct xvs_pkt *p)
 {
 	__u8 mac[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
 
+	if (!p->l3_off)
+		return bpf_redirect(skb->ifindex, 0);
 	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
 		return -1;
 	__builtin_memcpy(swapped, mac + ETH_ALEN, ETH_ALEN);
@@ -114,7 +117,7 @@ static __always_inline int reject_tcp(struct __sk_buff *skb, const struct xvs_pk
 	if (bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &out, sizeof(out), 0))
 		return -1;
-	return reject_bounce(skb);
+	return reject_bounce(skb, p);
 }
 
 /* An ICMP error (type, code, and the header's second word: 0, or the
@@ -153,7 +156,7 @@ static __always_inline int reject_icmp(struct __sk_buff *skb, const struct xvs_p
 	if (bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &icmp, sizeof(icmp), 0))
 		return -1;
-	return reject_bounce(skb);
+	return reject_bounce(skb, p);
 }
 
 /* IPv6 (RFC 4443: ICMPv6 destination unreachable, port unreachable). */
@@ -216,7 +219,7 @@ static __always_inline int reject_tcp6(struct __sk_buff *skb, const struct xvs_p
 	if (bpf_skb_store_bytes(skb, p->l3_off, &ip6, sizeof(ip6), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip6), &out, sizeof(out), 0))
 		return -1;
-	return reject_bounce(skb);
+	return reject_bounce(skb, p);
 }
 
 static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_pkt *p, __u8 type, __u8 code,
@@ -247,7 +250,7 @@ static __always_inline int reject_icmp6(struct __sk_buff *skb, const struct xvs_
 	if (bpf_skb_store_bytes(skb, p->l3_off, &ip6, sizeof(ip6), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip6), &icmp, sizeof(icmp), 0))
 		return -1;
-	return reject_bounce(skb);
+	return reject_bounce(skb, p);
 }
 
 /* Build and send the reject reply. Returns a TC action, or -1 when no reply

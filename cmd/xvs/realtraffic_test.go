@@ -427,3 +427,39 @@ func testRealTrafficPathMTU(t *testing.T, args []string) {
 		})
 	}
 }
+
+// TestPrivRealTrafficL3Device: an external client behind an L3 link (tun
+// devices and a relay: no Ethernet header, as IPIP or WireGuard) moves
+// real data through the masqueraded NodePort, the eTP=Local NodePort
+// (replies leave by the tun device's egress) and the LB IP, and is
+// refused (a TCP RST built on the L3 device) by the NodePort without
+// endpoints; in both netfilter modes.
+func TestPrivRealTrafficL3Device(t *testing.T) { inBothModes(t, testRealTrafficL3Device) }
+
+func testRealTrafficL3Device(t *testing.T, args []string) {
+	tunClient := netip.MustParseAddr("192.0.2.30")
+	var client *lab.NS
+	w := newMultiNodeWorldArgs(t, args, func(w *multiNode) error {
+		var err error
+		client, err = w.Lab.AddTunClient(w.A, "tunc", tunClient)
+		return err
+	})
+	logVerdicts(t, w)
+	for _, c := range []struct {
+		dst        netip.AddrPort
+		serve, see netip.Addr
+	}{
+		{netip.AddrPortFrom(mnNodeA, 30080), mnPodB, mnNodeA},
+		{netip.AddrPortFrom(mnNodeA, 30081), mnPodA, tunClient},
+		{netip.AddrPortFrom(mnLBIP, 80), mnPodA, tunClient},
+	} {
+		for _, spec := range []lab.TransferSpec{{Download: 8 * mib, Upload: 2 * mib}, {Download: 1, Upload: 1}} {
+			r := transfer(t, client, tunClient, c.dst, spec)
+			if r.Server.Local != netip.AddrPortFrom(c.serve, 8080) || r.Server.Peer.Addr() != c.see {
+				t.Fatalf("%s %+v: served by %s seeing %s, want %s seeing %s", c.dst, spec, r.Server.Local, r.Server.Peer, c.serve, c.see)
+			}
+		}
+	}
+	expectVerdict(t, lab.ProbeTCP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
+	expectVerdict(t, lab.ProbeUDP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
+}
