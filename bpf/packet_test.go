@@ -190,7 +190,11 @@ func ctEntry(t *testing.T, e *env, src, dst netip.AddrPort, proto model.Protocol
 	k.Sport, k.Dport = be16(src.Port()), be16(dst.Port())
 	k.Proto, k.Family = uint8(proto), xbpf.FamilyIPv4
 	var v xbpf.CtEntry
-	err := e.objs.XvsConntrack.Lookup(&k, &v)
+	// Established flows' table first, then the unreplied one.
+	if err := e.objs.XvsConntrack.Lookup(&k, &v); err == nil {
+		return v, true
+	}
+	err := e.objs.XvsCtUnreplied.Lookup(&k, &v)
 	return v, err == nil
 }
 

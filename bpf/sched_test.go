@@ -1,6 +1,7 @@
 package bpf_test
 
 import (
+	"github.com/cilium/ebpf"
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"net/netip"
 	"testing"
@@ -246,21 +247,27 @@ func TestPrivReaper(t *testing.T) {
 	b := newConn(t, e, client, 1000)
 	var k xbpf.CtKey
 	var v xbpf.CtEntry
-	var keys []xbpf.CtKey
-	it := e.m.Conntrack.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
+	type entry struct {
+		table *ebpf.Map
+		key   xbpf.CtKey
+	}
+	var keys []entry
+	for _, table := range e.m.ConntrackTables() {
+		it := table.Iterate()
+		for it.Next(&k, &v) {
+			keys = append(keys, entry{table, k})
+		}
 	}
 	if len(keys) != 2 {
 		t.Fatalf("%d conntrack entries, want 2", len(keys))
 	}
 	// Age both entries past their expiry.
-	for _, k := range keys {
-		if err := e.m.Conntrack.Lookup(&k, &v); err != nil {
+	for _, c := range keys {
+		if err := c.table.Lookup(&c.key, &v); err != nil {
 			t.Fatal(err)
 		}
 		v.Expires = 1
-		if err := e.m.Conntrack.Update(&k, &v, 0); err != nil {
+		if err := c.table.Update(&c.key, &v, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

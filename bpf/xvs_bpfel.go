@@ -373,6 +373,7 @@ const (
 	XvsMapXvsBackends          = "xvs_backends"
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
+	XvsMapXvsCtUnreplied       = "xvs_ct_unreplied"
 	XvsMapXvsFragments         = "xvs_fragments"
 	XvsMapXvsFragments6        = "xvs_fragments6"
 	XvsMapXvsIfSnat            = "xvs_if_snat"
@@ -506,6 +507,7 @@ type XvsMapSpecs struct {
 	XvsBackends      *ebpf.MapSpec `ebpf:"xvs_backends"`
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
+	XvsCtUnreplied   *ebpf.MapSpec `ebpf:"xvs_ct_unreplied"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
 	XvsFragments6    *ebpf.MapSpec `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.MapSpec `ebpf:"xvs_if_snat"`
@@ -587,6 +589,7 @@ type XvsMaps struct {
 	XvsBackends      *ebpf.Map `ebpf:"xvs_backends"`
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
+	XvsCtUnreplied   *ebpf.Map `ebpf:"xvs_ct_unreplied"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
 	XvsFragments6    *ebpf.Map `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.Map `ebpf:"xvs_if_snat"`
@@ -615,6 +618,7 @@ func (m *XvsMaps) Close() error {
 		m.XvsBackends,
 		m.XvsClusterIps,
 		m.XvsConntrack,
+		m.XvsCtUnreplied,
 		m.XvsFragments,
 		m.XvsFragments6,
 		m.XvsIfSnat,

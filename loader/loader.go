@@ -43,7 +43,10 @@ type Config struct {
 	MaxServices uint32
 	// MaxBackends bounds backend IDs.
 	MaxBackends uint32
-	// ConntrackSize is the number of conntrack entries (two per flow).
+	// ConntrackSize is the number of conntrack entries (two per flow) of
+	// flows that have seen a reply; flows that have not live in a table a
+	// quarter of its size (at least 4096 entries), so that they can never
+	// evict an established flow.
 	ConntrackSize uint32
 	// Timeouts are the conntrack timeouts kube-proxy's configuration
 	// sets (conntrack.*); zero fields keep the programs' defaults.
@@ -58,6 +61,12 @@ type Config struct {
 // 1h, 30s, 120s, as kube-proxy and netfilter have them).
 type CTTimeouts struct {
 	TCPEstablished, TCPCloseWait, UDP, UDPStream time.Duration
+}
+
+// unrepliedSize is the size of the unreplied-flow table: a quarter of the
+// established one, and at least 4096 entries (2048 flows).
+func (c Config) unrepliedSize() uint32 {
+	return max(c.ConntrackSize/4, 4096)
 }
 
 // DefaultConfig returns sizes fit for a node with tens of thousands of
@@ -118,6 +127,7 @@ func Load(cfg Config) (*Objects, error) {
 		xbpf.XvsMapXvsBackendStats:  cfg.MaxBackends,
 		xbpf.XvsMapXvsSvcStats:      cfg.MaxServices,
 		xbpf.XvsMapXvsConntrack:     cfg.ConntrackSize,
+		xbpf.XvsMapXvsCtUnreplied:   cfg.unrepliedSize(),
 		xbpf.XvsMapXvsSchedTables:   cfg.MaxServices * 2,
 		xbpf.XvsMapXvsRrCursors:     cfg.MaxServices * 2,
 		xbpf.XvsMapXvsBackendHeld:   cfg.MaxBackends,

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -90,7 +91,10 @@ type Datapath struct {
 	snatSkipMin, snatSkipMax uint16
 	masqAddrs                []netip.Addr
 	nfMark                   uint32
-	netnsCookie              uint64
+	// ctEntries are the live entries of the conntrack tables
+	// (established, unreplied) as the reaper last counted them.
+	ctEntries   [2]atomic.Uint64
+	netnsCookie uint64
 	// staleDeleted counts UDP/SCTP flows and socket choices deleted
 	// because their backend stopped serving, by family (IPv4, IPv6).
 	staleDeleted [2]uint64
@@ -218,6 +222,18 @@ func (d *Datapath) recover() error {
 }
 
 func (d *Datapath) Mode() string { return "ebpf" }
+
+// ConntrackOccupancy is each conntrack table's entries (as the reaper last
+// counted them) and size, by table name: "established" and "unreplied".
+func (d *Datapath) ConntrackOccupancy() map[string][2]uint64 {
+	out := map[string][2]uint64{}
+	for i, name := range []string{"established", "unreplied"} {
+		if t := d.m.ConntrackTables()[i]; t != nil {
+			out[name] = [2]uint64{d.ctEntries[i].Load(), uint64(t.MaxEntries())}
+		}
+	}
+	return out
+}
 
 // StaleFlowsDeleted is how many UDP and SCTP flows (and socket-level
 // choices) syncs have deleted because their backend stopped serving, for

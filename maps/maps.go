@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -20,9 +21,11 @@ import (
 
 // Maps holds the xvs maps.
 type Maps struct {
-	Services     *ebpf.Map
-	Backends     *ebpf.Map
-	Conntrack    *ebpf.Map
+	Services  *ebpf.Map
+	Backends  *ebpf.Map
+	Conntrack *ebpf.Map
+	// CtUnreplied holds the flows no reply has been seen for yet.
+	CtUnreplied  *ebpf.Map
 	SvcStats     *ebpf.Map
 	BackendStats *ebpf.Map
 	Verdicts     *ebpf.Map
@@ -55,6 +58,7 @@ func FromObjects(o *loader.Objects) *Maps {
 		Services:     o.XvsServices,
 		Backends:     o.XvsBackends,
 		Conntrack:    o.XvsConntrack,
+		CtUnreplied:  o.XvsCtUnreplied,
 		SvcStats:     o.XvsSvcStats,
 		BackendStats: o.XvsBackendStats,
 		Verdicts:     o.XvsVerdicts,
@@ -84,6 +88,7 @@ func OpenPinned(pinPath string) (*Maps, error) {
 		xbpf.XvsMapXvsServices:      &m.Services,
 		xbpf.XvsMapXvsBackends:      &m.Backends,
 		xbpf.XvsMapXvsConntrack:     &m.Conntrack,
+		xbpf.XvsMapXvsCtUnreplied:   &m.CtUnreplied,
 		xbpf.XvsMapXvsSvcStats:      &m.SvcStats,
 		xbpf.XvsMapXvsBackendStats:  &m.BackendStats,
 		xbpf.XvsMapXvsVerdicts:      &m.Verdicts,
@@ -91,6 +96,9 @@ func OpenPinned(pinPath string) (*Maps, error) {
 		xbpf.XvsMapXvsBackendReaped: &m.BackendReaped,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if name == xbpf.XvsMapXvsCtUnreplied && errors.Is(err, os.ErrNotExist) {
+			continue // pinned by an agent older than the table
+		}
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
@@ -107,12 +115,19 @@ func (m *Maps) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.Services, m.Backends, m.Conntrack, m.SvcStats, m.BackendStats, m.Verdicts, m.BackendHeld, m.BackendReaped} {
+	for _, mp := range []*ebpf.Map{m.Services, m.Backends, m.Conntrack, m.CtUnreplied, m.SvcStats, m.BackendStats, m.Verdicts, m.BackendHeld, m.BackendReaped} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ConntrackTables are the two conntrack tables: flows that have seen a
+// reply, and flows that have not (each flow's two entries are in one of
+// them).
+func (m *Maps) ConntrackTables() []*ebpf.Map {
+	return []*ebpf.Map{m.Conntrack, m.CtUnreplied}
 }
 
 // Addresses travel as 16 bytes; IPv4 uses the first four, so one layout

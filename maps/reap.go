@@ -2,7 +2,9 @@ package maps
 
 import (
 	"context"
+
 	"fmt"
+	"github.com/cilium/ebpf"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -58,65 +60,15 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ct := d.m.Conntrack
-	var dead, replies []xbpf.CtKey
-	var deadVals, replyVals []xbpf.CtEntry
-	var k xbpf.CtKey
-	var e xbpf.CtEntry
-	it := ct.Iterate()
-	for it.Next(&k, &e) {
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 {
-			replies, replyVals = append(replies, k), append(replyVals, e)
-		} else if e.Expires+uint64(grace) <= now {
-			dead, deadVals = append(dead, k), append(deadVals, e)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("read conntrack: %w", err)
-	}
-	deleted := 0
-	unchanged := func(k xbpf.CtKey, was xbpf.CtEntry) bool {
-		var now xbpf.CtEntry
-		return ct.Lookup(&k, &now) == nil && now == was
-	}
-	del := func(k xbpf.CtKey) error {
-		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete conntrack entry: %w", err)
-		}
-		deleted++
-		return nil
-	}
 	reaped := map[uint32]xbpf.Conns{}
-	for i, k := range dead {
-		e := deadVals[i]
-		if !unchanged(k, e) {
-			continue
-		}
-		if err := del(k); err != nil {
+	deleted := 0
+	for i, ct := range d.m.ConntrackTables() {
+		n, seen, err := reapTable(ct, d.m.ConntrackTables(), now, grace, reaped)
+		deleted += n
+		if err != nil {
 			return deleted, err
 		}
-		switch c := reaped[e.BackendId]; {
-		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
-			c.Active++
-			reaped[e.BackendId] = c
-		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE) != 0:
-			c.Inactive++
-			reaped[e.BackendId] = c
-		}
-	}
-	for i, rk := range replies {
-		rev := replyVals[i]
-		fk := flowKeyOf(rk, rev)
-		var fe xbpf.CtEntry
-		if ct.Lookup(&fk, &fe) == nil && pointsBack(rk, rev, fe) && fe.Expires+uint64(grace) > now {
-			continue
-		}
-		if !unchanged(rk, rev) {
-			continue
-		}
-		if err := del(rk); err != nil {
-			return deleted, err
-		}
+		d.ctEntries[i].Store(uint64(seen - n))
 	}
 	for id, n := range reaped {
 		var have xbpf.Conns
@@ -130,6 +82,82 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 		}
 	}
 	return deleted, nil
+}
+
+// reapTable reaps one conntrack table, adding the connections it hands
+// back to reaped. A reply entry's flow is looked for in every table: a
+// flow's entries move together, but not in one step.
+func reapTable(ct *ebpf.Map, tables []*ebpf.Map, now uint64, grace time.Duration, reaped map[uint32]xbpf.Conns) (deleted, seen int, err error) {
+	var dead, replies []xbpf.CtKey
+	var deadVals, replyVals []xbpf.CtEntry
+	var k xbpf.CtKey
+	var e xbpf.CtEntry
+	it := ct.Iterate()
+	for it.Next(&k, &e) {
+		seen++
+		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 {
+			replies, replyVals = append(replies, k), append(replyVals, e)
+		} else if e.Expires+uint64(grace) <= now {
+			dead, deadVals = append(dead, k), append(deadVals, e)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, seen, fmt.Errorf("read conntrack: %w", err)
+	}
+	unchanged := func(k xbpf.CtKey, was xbpf.CtEntry) bool {
+		var now xbpf.CtEntry
+		return ct.Lookup(&k, &now) == nil && now == was
+	}
+	del := func(k xbpf.CtKey) error {
+		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
+			return fmt.Errorf("delete conntrack entry: %w", err)
+		}
+		deleted++
+		return nil
+	}
+	for i, k := range dead {
+		e := deadVals[i]
+		if !unchanged(k, e) {
+			continue
+		}
+		if err := del(k); err != nil {
+			return deleted, seen, err
+		}
+		switch c := reaped[e.BackendId]; {
+		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
+			c.Active++
+			reaped[e.BackendId] = c
+		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE) != 0:
+			c.Inactive++
+			reaped[e.BackendId] = c
+		}
+	}
+	for i, rk := range replies {
+		rev := replyVals[i]
+		fk := flowKeyOf(rk, rev)
+		if flowLives(tables, rk, rev, fk, now, grace) {
+			continue
+		}
+		if !unchanged(rk, rev) {
+			continue
+		}
+		if err := del(rk); err != nil {
+			return deleted, seen, err
+		}
+	}
+	return deleted, seen, nil
+}
+
+// flowLives says whether the flow at fk that reply entry rk points at is
+// alive (within grace) in one of the tables.
+func flowLives(tables []*ebpf.Map, rk xbpf.CtKey, rev xbpf.CtEntry, fk xbpf.CtKey, now uint64, grace time.Duration) bool {
+	for _, t := range tables {
+		var fe xbpf.CtEntry
+		if t.Lookup(&fk, &fe) == nil && pointsBack(rk, rev, fe) && fe.Expires+uint64(grace) > now {
+			return true
+		}
+	}
+	return false
 }
 
 // RunReaper calls Reap every interval until ctx ends, reporting errors to

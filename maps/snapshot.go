@@ -257,9 +257,21 @@ func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, error) {
 	}
 	now := uint64(ts.Nano())
 	out := map[[2]uint32]flowCounts{}
+	for _, ct := range m.ConntrackTables() {
+		if ct == nil {
+			continue // pins of an agent older than the unreplied table
+		}
+		if err := flowCountsOf(ct, now, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) error {
 	var k xbpf.CtKey
 	var e xbpf.CtEntry
-	it := m.Conntrack.Iterate()
+	it := ct.Iterate()
 	for it.Next(&k, &e) {
 		flags := xbpf.CtFlags(e.Flags)
 		id := [2]uint32{e.SvcId, e.BackendId}
@@ -285,7 +297,7 @@ func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, error) {
 		out[id] = c
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read conntrack: %w", err)
+		return fmt.Errorf("read conntrack: %w", err)
 	}
-	return out, nil
+	return nil
 }

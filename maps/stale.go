@@ -2,6 +2,7 @@ package maps
 
 import (
 	"fmt"
+	"github.com/cilium/ebpf"
 	"net/netip"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
@@ -73,36 +74,9 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) err
 		return nil
 	}
 	s := &staleFlows{st: st, owners: d.owners, touched: touched, sets: map[model.ServicePortName]map[netip.AddrPort]bool{}}
-	ct := d.m.Conntrack
-	var del []xbpf.CtKey
-	var k xbpf.CtKey
-	var e xbpf.CtEntry
-	it := ct.Iterate()
-	for it.Next(&k, &e) {
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
-			continue
-		}
-		fk := frontendKey{addr: decodeAddr(k.Daddr, k.Family), port: ntohs(k.Dport), proto: model.Protocol(k.Proto)}
-		backend := netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort))
-		if !s.stale(fk, backend) {
-			continue
-		}
-		d.staleDeleted[familyIndex(k.Family)]++
-		del = append(del, k)
-		// Its reply entry: backend -> client, or -> the masquerade
-		// address.
-		rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
-			rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
-		}
-		del = append(del, rk)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read conntrack: %w", err)
-	}
-	for _, k := range del {
-		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete stale flow: %w", err)
+	for _, ct := range d.m.ConntrackTables() {
+		if err := d.flushStaleIn(ct, s); err != nil {
+			return err
 		}
 	}
 
@@ -149,4 +123,41 @@ func sockFamily(a [16]byte) uint8 {
 		}
 	}
 	return xbpf.FamilyIPv4
+}
+
+// flushStaleIn deletes the stale flows of one conntrack table (a flow's
+// two entries are always in the same one).
+func (d *Datapath) flushStaleIn(ct *ebpf.Map, s *staleFlows) error {
+	var del []xbpf.CtKey
+	var k xbpf.CtKey
+	var e xbpf.CtEntry
+	it := ct.Iterate()
+	for it.Next(&k, &e) {
+		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
+			continue
+		}
+		fk := frontendKey{addr: decodeAddr(k.Daddr, k.Family), port: ntohs(k.Dport), proto: model.Protocol(k.Proto)}
+		backend := netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort))
+		if !s.stale(fk, backend) {
+			continue
+		}
+		d.staleDeleted[familyIndex(k.Family)]++
+		del = append(del, k)
+		// Its reply entry: backend -> client, or -> the masquerade
+		// address.
+		rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
+		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
+			rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
+		}
+		del = append(del, rk)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read conntrack: %w", err)
+	}
+	for _, k := range del {
+		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
+			return fmt.Errorf("delete stale flow: %w", err)
+		}
+	}
+	return nil
 }

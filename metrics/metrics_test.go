@@ -33,6 +33,11 @@ func TestNames(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.RegisterConntrack(func() map[string]ConntrackTable {
+		return map[string]ConntrackTable{"established": {Entries: 10, Capacity: 524288}, "unreplied": {Entries: 4, Capacity: 131072}}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	scrape := func() string {
 		rec := httptest.NewRecorder()
 		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -59,6 +64,8 @@ func TestNames(t *testing.T) {
 		`xvs_datapath_packets_total{verdict="forward_new"} 7`,
 		`xvs_datapath_bytes_total{verdict="forward_new"} 700`,
 		`xvs_datapath_read_errors 0`,
+		`xvs_conntrack_entries{table="established"} 10`,
+		`xvs_conntrack_capacity{table="unreplied"} 131072`,
 		`process_start_time_seconds`,
 	} {
 		if !strings.Contains(body, want) {

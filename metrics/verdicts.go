@@ -53,3 +53,42 @@ func (c *verdictCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(n.Bytes), v)
 	}
 }
+
+// ConntrackTable is one conntrack table's occupancy: its live entries (as
+// last counted) and its size.
+type ConntrackTable struct {
+	Entries, Capacity uint64
+}
+
+// RegisterConntrack exports xvs_conntrack_entries{table} and
+// xvs_conntrack_capacity{table} from read, called on every scrape. The
+// tables are "established" (flows that have seen a reply) and "unreplied"
+// (flows that have not: when it is full they evict each other, never an
+// established flow).
+func (m *Metrics) RegisterConntrack(read func() map[string]ConntrackTable) error {
+	entries := prometheus.NewDesc("xvs_conntrack_entries",
+		"Conntrack entries (two per flow) by table, as the last reaper pass counted them", []string{"table"}, nil)
+	capacity := prometheus.NewDesc("xvs_conntrack_capacity",
+		"Size of each conntrack table, in entries", []string{"table"}, nil)
+	return m.Registry.Register(collectorFunc{descs: []*prometheus.Desc{entries, capacity}, collect: func(ch chan<- prometheus.Metric) {
+		for table, t := range read() {
+			ch <- prometheus.MustNewConstMetric(entries, prometheus.GaugeValue, float64(t.Entries), table)
+			ch <- prometheus.MustNewConstMetric(capacity, prometheus.GaugeValue, float64(t.Capacity), table)
+		}
+	}})
+}
+
+// collectorFunc is a collector of fixed descriptions whose values come from
+// a function at scrape time.
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Conntrack: an LRU hash with two keys per flow and one state (see
- * struct xvs_ct_entry). The forward entry holds the state machine and the
+/* Conntrack: LRU hashes with two keys per flow and one state (see
+ * struct xvs_ct_entry); unreplied flows in a table of their own until
+ * their first reply (ct_promote). The forward entry holds the state machine and the
  * expiry; a reply entry is only a way back to it. Timeouts are netfilter's
  * as kube-proxy configures them (established 24 h, CLOSE_WAIT 1 h), and the
  * loader may rewrite them. */
@@ -223,15 +224,19 @@ static __always_inline bool ct_usable(const struct xvs_ct_entry *e, const struct
 
 /* The live flow a reply entry at rk (backend -> client or masquerade
  * address) belongs to, or NULL when the entry is stale: its flow expired,
- * was replaced by another flow of the same client tuple, or went away. */
-static __attribute__((noinline)) struct xvs_ct_entry *ct_flow_of(const struct xvs_ct_key *rk,
-								 const struct xvs_ct_entry *rev, __u64 now)
+ * was replaced by another flow of the same client tuple, or went away.
+ * unreplied: the entry is in xvs_ct_unreplied (and so is its flow). */
+static __attribute__((noinline)) struct xvs_ct_entry *
+ct_flow_of(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 now, bool unreplied)
 {
 	struct xvs_ct_key fk = {};
 	struct xvs_ct_entry *fe;
 
 	ct_key(&fk, rev->snat_addr, rev->nat_addr, rev->snat_port, rev->nat_port, rk->proto, rk->family);
-	fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
+	if (unreplied)
+		fe = bpf_map_lookup_elem(&xvs_ct_unreplied, &fk);
+	else
+		fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
 	if (!fe || (fe->flags & XVS_CT_F_REPLY) || now > fe->expires)
 		return NULL;
 	if (!addr_eq(fe->nat_addr, rk->saddr) || fe->nat_port != rk->sport)
@@ -243,6 +248,25 @@ static __attribute__((noinline)) struct xvs_ct_entry *ct_flow_of(const struct xv
 		return NULL;
 	}
 	return fe;
+}
+
+/* The first reply of a flow: its two entries (rev at rk, and its forward
+ * entry) move from xvs_ct_unreplied to xvs_conntrack, written there before
+ * they are deleted here so that no packet finds neither. */
+static __attribute__((noinline)) void ct_promote(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev)
+{
+	struct xvs_ct_key fk = {};
+	struct xvs_ct_entry *fe;
+
+	ct_key(&fk, rev->snat_addr, rev->nat_addr, rev->snat_port, rev->nat_port, rk->proto, rk->family);
+	fe = bpf_map_lookup_elem(&xvs_ct_unreplied, &fk);
+	if (!fe)
+		return;
+	if (bpf_map_update_elem(&xvs_conntrack, &fk, fe, BPF_ANY) ||
+	    bpf_map_update_elem(&xvs_conntrack, rk, rev, BPF_ANY))
+		return;
+	bpf_map_delete_elem(&xvs_ct_unreplied, rk);
+	bpf_map_delete_elem(&xvs_ct_unreplied, &fk);
 }
 
 #endif

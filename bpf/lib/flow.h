@@ -20,9 +20,10 @@
 enum xvs_action {
 	XVS_ACT_PASS = 0, /* leave the packet alone */
 	XVS_ACT_DROP,
-	XVS_ACT_REJECT, /* answer with TCP RST / ICMP port unreachable */
-	XVS_ACT_NAT,	/* rewrite to xvs_rewrite and forward */
-	XVS_ACT_NEW,	/* (internal) no live flow: a new one may start */
+	XVS_ACT_REJECT,	 /* answer with TCP RST / ICMP port unreachable */
+	XVS_ACT_NAT,	 /* rewrite to xvs_rewrite and forward */
+	XVS_ACT_NEW,	 /* (internal) no live flow: a new one may start */
+	XVS_ACT_PROMOTE, /* (internal) the first reply of an unreplied flow */
 };
 
 /* The addresses and ports a packet leaves with (16-byte addresses, as
@@ -306,7 +307,7 @@ static long snat_try(__u32 i, void *data)
 {
 	struct snat_search *s = data;
 	struct xvs_ct_key rk = {};
-	struct xvs_ct_entry *old;
+	struct xvs_ct_entry *old, *young;
 	__be16 port;
 
 	if (i == 0) {
@@ -320,12 +321,18 @@ static long snat_try(__u32 i, void *data)
 	}
 	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
-	if (old && ct_flow_of(&rk, old, s->now))
+	if (old && ct_flow_of(&rk, old, s->now, false))
+		return 0;
+	young = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
+	if (young && ct_flow_of(&rk, young, s->now, true))
 		return 0;
 	if (flow_port_in_use(s->ctx, &rk))
 		return 0;
-	if (bpf_map_update_elem(&xvs_conntrack, &rk, s->rev, old ? BPF_ANY : BPF_NOEXIST))
+	/* A new flow's reply entry goes with it into the unreplied table. */
+	if (bpf_map_update_elem(&xvs_ct_unreplied, &rk, s->rev, young ? BPF_ANY : BPF_NOEXIST))
 		return 0;
+	if (old)
+		bpf_map_delete_elem(&xvs_conntrack, &rk); /* a dead flow's */
 	s->found = port;
 	return 1;
 }
@@ -383,6 +390,17 @@ static __noinline struct xvs_backend *flow_choose(const struct xvs_pkt *p, struc
 	return be;
 }
 
+/* Is rev the reply entry of p's client tuple? Its pending counts are
+ * flushed when it is. */
+static __always_inline bool flow_retire_reply(const struct xvs_pkt *p, struct xvs_ct_entry *rev)
+{
+	if (!rev || !(rev->flags & XVS_CT_F_REPLY) || !addr_eq(rev->snat_addr, p->saddr) ||
+	    rev->snat_port != p->sport || !addr_eq(rev->nat_addr, p->daddr) || rev->nat_port != p->dport)
+		return false;
+	stats_flush(rev);
+	return true;
+}
+
 /* A closed or expired flow of this client tuple is being replaced: give
  * back what it holds (counters, its least-connection count, its reply
  * entry, so that its masquerade port is free at once). */
@@ -400,12 +418,30 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 		       p->family);
 	else
 		ct_key(&rk, old->nat_addr, p->saddr, old->nat_port, p->sport, p->proto, p->family);
+	/* Its reply entry, in whichever table it is. */
 	rev = bpf_map_lookup_elem(&xvs_conntrack, &rk);
-	if (rev && (rev->flags & XVS_CT_F_REPLY) && addr_eq(rev->snat_addr, p->saddr) &&
-	    rev->snat_port == p->sport && addr_eq(rev->nat_addr, p->daddr) && rev->nat_port == p->dport) {
-		stats_flush(rev);
+	if (flow_retire_reply(p, rev)) {
 		bpf_map_delete_elem(&xvs_conntrack, &rk);
+		return;
 	}
+	rev = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
+	if (flow_retire_reply(p, rev))
+		bpf_map_delete_elem(&xvs_ct_unreplied, &rk);
+}
+
+/* Does a live flow (in either table) hold the reply key ck? A dead one's
+ * entry in xvs_conntrack is deleted on the way. */
+static __noinline bool flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
+{
+	struct xvs_ct_entry *have = bpf_map_lookup_elem(&xvs_conntrack, ck);
+
+	if (have) {
+		if (ct_flow_of(ck, have, now, false))
+			return true;
+		bpf_map_delete_elem(&xvs_conntrack, ck);
+	}
+	have = bpf_map_lookup_elem(&xvs_ct_unreplied, ck);
+	return have && ct_flow_of(ck, have, now, true);
 }
 
 /* First packet of a flow to a frontend: filter, choose a backend, decide
@@ -545,6 +581,16 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 		if (old->flags & XVS_CT_F_SNAT)
 			prefer = old->snat_port;
 		flow_retire(p, old);
+		/* The new flow starts in the unreplied table: the old one
+		 * must not answer for its tuple meanwhile. */
+		bpf_map_delete_elem(&xvs_conntrack, &ck);
+	} else {
+		old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+		if (old && !(old->flags & XVS_CT_F_REPLY)) {
+			if (old->flags & XVS_CT_F_SNAT)
+				prefer = old->snat_port;
+			flow_retire(p, old);
+		}
 	}
 
 	/* The entry is built in per-CPU scratch space: two of them on the
@@ -568,19 +614,15 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	__builtin_memcpy(e->snat_addr, p->saddr, 16);
 	if (!snat) {
 		ct_key(&ck, be_addr, p->saddr, be_port, p->sport, p->proto, p->family);
-		if (bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_NOEXIST)) {
-			struct xvs_ct_entry *have = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-
-			if (have && ct_flow_of(&ck, have, now)) {
-				/* Another live flow of this client port already
-				 * reaches this backend (through another
-				 * frontend): as netfilter resolves such a
-				 * clash, this one gets another source port. */
-				node = p->saddr;
-				snat = true;
-			} else {
-				bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
-			}
+		if (flow_reply_taken(&ck, now)) {
+			/* Another live flow of this client port already
+			 * reaches this backend (through another frontend): as
+			 * netfilter resolves such a clash, this one gets
+			 * another source port. */
+			node = p->saddr;
+			snat = true;
+		} else {
+			bpf_map_update_elem(&xvs_ct_unreplied, &ck, e, BPF_ANY);
 		}
 	}
 	if (snat) {
@@ -617,7 +659,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	e->packets = 1;
 	e->bytes = res->len;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	bpf_map_update_elem(&xvs_conntrack, &ck, e, BPF_ANY);
+	bpf_map_update_elem(&xvs_ct_unreplied, &ck, e, BPF_ANY);
 
 	__builtin_memcpy(res->rw.saddr, snat ? node : p->saddr, 16);
 	res->rw.sport = sport;
@@ -630,19 +672,13 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 
 /* The conntrack half of the decision: a packet of a live flow gets its
  * translation; anything else is XVS_ACT_NEW for flow_new. */
-static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
+static __always_inline int flow_track_in(const struct xvs_pkt *p, const struct xvs_ct_key *ck,
+					 struct xvs_ct_entry *e, struct flow_res *res, bool unreplied)
 {
-	struct xvs_ct_key ck = {};
-	struct xvs_ct_entry *e;
-	__u64 now = bpf_ktime_get_ns();
-
-	res->now = now;
-	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
 	if (!e)
 		return XVS_ACT_NEW;
 	if (e->flags & XVS_CT_F_REPLY) {
-		struct xvs_ct_entry *fe = ct_flow_of(&ck, e, now);
+		struct xvs_ct_entry *fe = ct_flow_of(ck, e, res->now, unreplied);
 
 		/* A stale reply entry (the reaper removes it) says nothing:
 		 * the packet is not part of a live flow of ours. */
@@ -654,11 +690,34 @@ static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
 			res->verdict = XVS_V_PASS;
 			return XVS_ACT_PASS;
 		}
+		if (unreplied)
+			return XVS_ACT_PROMOTE;
 		return flow_reply(p, e, fe, res);
 	}
-	if (ct_usable(e, p, now))
+	if (ct_usable(e, p, res->now))
 		return flow_established(p, e, res);
 	return XVS_ACT_NEW;
+}
+
+static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
+{
+	struct xvs_ct_key ck = {};
+	struct xvs_ct_entry *e;
+	int act;
+
+	res->now = bpf_ktime_get_ns();
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	act = flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
+	if (act != XVS_ACT_NEW)
+		return act;
+	e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+	act = flow_track_in(p, &ck, e, res, true);
+	if (act != XVS_ACT_PROMOTE)
+		return act;
+	/* The flow's first reply: it moves to the established table, and
+	 * the reply is handled there. */
+	ct_promote(&ck, e);
+	return flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
 }
 
 /* Decide what to do with a parsed packet at ingress; res->len is set. ctx
@@ -682,6 +741,15 @@ static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, stru
  * address (a hostNetwork endpoint), or of any flow in netfilter mode,
  * leaves the node's stack here, and gets its reverse NAT. Anything else
  * passes. */
+/* The live flow of a reply entry e that is reverse-NATed at egress. */
+static __always_inline struct xvs_ct_entry *flow_egress_of(const struct xvs_ct_key *ck,
+							   struct xvs_ct_entry *e, __u64 now, bool unreplied)
+{
+	if (!e || !(e->flags & XVS_CT_F_REPLY) || !(e->flags & (XVS_CT_F_HOST | XVS_CT_F_NETFILTER)))
+		return NULL;
+	return ct_flow_of(ck, e, now, unreplied);
+}
+
 static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_ct_key ck = {};
@@ -691,11 +759,18 @@ static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
 	res->verdict = XVS_V_PASS;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	if (!e || !(e->flags & XVS_CT_F_REPLY) || !(e->flags & (XVS_CT_F_HOST | XVS_CT_F_NETFILTER)))
-		return XVS_ACT_PASS;
-	fe = ct_flow_of(&ck, e, res->now);
-	if (!fe)
-		return XVS_ACT_PASS;
+	fe = flow_egress_of(&ck, e, res->now, false);
+	if (!fe) {
+		/* The flow's first reply, still in the unreplied table. */
+		e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+		if (!flow_egress_of(&ck, e, res->now, true))
+			return XVS_ACT_PASS;
+		ct_promote(&ck, e);
+		e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+		fe = flow_egress_of(&ck, e, res->now, false);
+		if (!fe)
+			return XVS_ACT_PASS;
+	}
 	return flow_reply(p, e, fe, res);
 }
 

@@ -36,6 +36,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_conntrack SEC(".maps");
 
+/* Flows no reply has been seen for yet (a SYN, a first datagram): both
+ * their entries live here until the first reply moves them to
+ * xvs_conntrack (ct_promote). A table of their own, so that a flood of
+ * unreplied flows evicts its own kind and never an established flow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_ct_key);
+	__type(value, struct xvs_ct_entry);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_ct_unreplied SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct xvs_frag_key);

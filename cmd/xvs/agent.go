@@ -260,6 +260,18 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 			return err
 		}
 	}
+	if ct, ok := active.dp.(interface{ ConntrackOccupancy() map[string][2]uint64 }); ok {
+		err := m.RegisterConntrack(func() map[string]xmetrics.ConntrackTable {
+			out := map[string]xmetrics.ConntrackTable{}
+			for table, v := range ct.ConntrackOccupancy() {
+				out[table] = xmetrics.ConntrackTable{Entries: v[0], Capacity: v[1]}
+			}
+			return out
+		})
+		if err != nil {
+			return err
+		}
+	}
 	tracker, err := controller.NewTracker(ccfg)
 	if err != nil {
 		return err
