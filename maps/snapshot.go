@@ -19,6 +19,16 @@ type Snapshot struct {
 	Services []ServiceView         `json:"services"`
 	Verdicts map[string]xbpf.Stats `json:"verdicts,omitempty"`
 	Orphans  []string              `json:"orphans,omitempty"`
+	// Conntrack is each conntrack table's occupancy ("established",
+	// "unreplied").
+	Conntrack map[string]ConntrackView `json:"conntrack,omitempty"`
+}
+
+// ConntrackView is one conntrack table's live entries (two per flow) and
+// size.
+type ConntrackView struct {
+	Entries  int    `json:"entries"`
+	Capacity uint32 `json:"capacity"`
 }
 
 // ServiceView is one frontend (an IPVS virtual server).
@@ -122,11 +132,11 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		return nil, fmt.Errorf("read services: %w", err)
 	}
 
-	flows, err := m.flowCountsFromConntrack()
+	flows, occupancy, err := m.flowCountsFromConntrack()
 	if err != nil {
 		return nil, err
 	}
-	snap := &Snapshot{}
+	snap := &Snapshot{Conntrack: occupancy}
 	view := func(ref slotRef, head xbpf.SvcValue) []BackendView {
 		var out []BackendView
 		for s := uint16(1); s <= head.Count; s++ {
@@ -250,29 +260,35 @@ func (c flowCounts) add(s *xbpf.Stats) {
 // flowCountsFromConntrack walks the conntrack map once. Active means an
 // established TCP flow, as IPVS counts it; inactive is any other live
 // forward entry.
-func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, error) {
+func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, map[string]ConntrackView, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return nil, fmt.Errorf("read clock: %w", err)
+		return nil, nil, fmt.Errorf("read clock: %w", err)
 	}
 	now := uint64(ts.Nano())
+	occupancy := map[string]ConntrackView{}
 	out := map[[2]uint32]flowCounts{}
-	for _, ct := range m.ConntrackTables() {
+	for i, ct := range m.ConntrackTables() {
 		if ct == nil {
 			continue // pins of an agent older than the unreplied table
 		}
-		if err := flowCountsOf(ct, now, out); err != nil {
-			return nil, err
+		n, err := flowCountsOf(ct, now, out)
+		if err != nil {
+			return nil, nil, err
 		}
+		occupancy[[]string{"established", "unreplied"}[i]] = ConntrackView{Entries: n, Capacity: ct.MaxEntries()}
 	}
-	return out, nil
+	return out, occupancy, nil
 }
 
-func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) error {
+// flowCountsOf adds one table's flows to out and returns its entries.
+func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) (int, error) {
+	n := 0
 	var k xbpf.CtKey
 	var e xbpf.CtEntry
 	it := ct.Iterate()
 	for it.Next(&k, &e) {
+		n++
 		flags := xbpf.CtFlags(e.Flags)
 		id := [2]uint32{e.SvcId, e.BackendId}
 		c := out[id]
@@ -297,7 +313,7 @@ func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) error 
 		out[id] = c
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read conntrack: %w", err)
+		return 0, fmt.Errorf("read conntrack: %w", err)
 	}
-	return nil
+	return n, nil
 }

@@ -119,6 +119,14 @@ func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 			fmt.Fprintf(w, "%s\t%d\t%d\t\t\t\n", n, v.PacketsIn, v.BytesIn)
 		}
 	}
+	if stats && len(snap.Conntrack) > 0 {
+		fmt.Fprintln(w, "\nConntrack\tEntries\tCapacity\t\t\t")
+		for _, table := range []string{"established", "unreplied"} {
+			if c, ok := snap.Conntrack[table]; ok {
+				fmt.Fprintf(w, "%s\t%d\t%d\t\t\t\n", table, c.Entries, c.Capacity)
+			}
+		}
+	}
 	for _, o := range snap.Orphans {
 		fmt.Fprintf(w, "! %s\n", o)
 	}
