@@ -33,23 +33,30 @@ import (
 type peerProxy int
 
 const (
-	ppFloor    peerProxy = iota // nothing: the client connects to the pods
-	ppNftables                  // kube-proxy --proxy-mode=nftables
-	ppIptables                  // kube-proxy --proxy-mode=iptables
-	ppXvs                       // xvs agent --proxy-mode=ebpf
+	ppFloor     peerProxy = iota // nothing: the client connects to the pods
+	ppNftables                   // kube-proxy --proxy-mode=nftables
+	ppIptables                   // kube-proxy --proxy-mode=iptables
+	ppXvs                        // xvs agent, ebpf mode, its defaults (--netfilter-mode=pass)
+	ppXvsBypass                  // xvs agent, ebpf mode, --netfilter-mode=bypass
 	numPeerProxies
 )
 
 func (p peerProxy) String() string {
-	return [...]string{"no proxy (floor)", "kube-proxy nftables", "kube-proxy iptables", "xvs (ebpf)"}[p]
+	return [...]string{"no proxy (floor)", "kube-proxy nftables", "kube-proxy iptables", "xvs (ebpf)", "xvs (ebpf, bypass)"}[p]
 }
 
 func (p peerProxy) short() string {
-	return [...]string{"floor", "kube-proxy-nftables", "kube-proxy-iptables", "xvs"}[p]
+	return [...]string{"floor", "kube-proxy-nftables", "kube-proxy-iptables", "xvs", "xvs-bypass"}[p]
 }
 
 // mode is the KubeProxyConfiguration mode the process runs with.
-func (p peerProxy) mode() string { return [...]string{"", "nftables", "iptables", "ebpf"}[p] }
+func (p peerProxy) mode() string { return [...]string{"", "nftables", "iptables", "ebpf", "ebpf"}[p] }
+
+// xvs says whether p is the xvs agent (in either netfilter mode).
+func (p peerProxy) xvs() bool { return p == ppXvs || p == ppXvsBypass }
+
+// xvsProxies are the xvs variants, in report order.
+var xvsProxies = []peerProxy{ppXvs, ppXvsBypass}
 
 func parsePeerProxies(s string) ([]peerProxy, error) {
 	var out []peerProxy
@@ -62,7 +69,7 @@ func parsePeerProxies(s string) ([]peerProxy, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("unknown proxy %q (want floor, kube-proxy-nftables, kube-proxy-iptables, xvs)", f)
+			return nil, fmt.Errorf("unknown proxy %q (want floor, kube-proxy-nftables, kube-proxy-iptables, xvs, xvs-bypass)", f)
 		}
 	}
 	return out, nil
@@ -89,11 +96,15 @@ func peerServices(n int) []ruleService {
 	return svcs
 }
 
-// peerTargets: every VIP (each worker sweeps them all), or the pods for
-// the floor.
-func peerTargets(p peerProxy, n int) []netip.AddrPort {
+// peerTargets: every VIP (each worker sweeps them all), or only Service
+// 0's with one (the N Services are programmed, the traffic is the same at
+// every N), or the pods for the floor.
+func peerTargets(p peerProxy, n int, one bool) []netip.AddrPort {
 	if p == ppFloor {
 		return targets(dpFloor, n)
+	}
+	if one {
+		n = 1
 	}
 	ts := make([]netip.AddrPort, n)
 	for i := range ts {
@@ -122,6 +133,9 @@ type PeersOptions struct {
 	// kube-proxy's iptables mode at 10,000 Services fits a bounded run.
 	SlowSync time.Duration
 	Proxies  []peerProxy
+	// OneService sends every connection to Service 0 instead of sweeping
+	// all N (the shape: one client, one ClusterIP).
+	OneService bool
 	// Masq lists the masquerade settings to run each proxy with (default
 	// both: not masqueraded, then masqueraded).
 	Masq []bool
@@ -345,7 +359,7 @@ func (w *peersWorld) measureCase(ctx context.Context, o PeersOptions, c peerCase
 		defer func() { err = errors.Join(err, p.stop()) }()
 		run.Ready = p.ready
 	}
-	ts := peerTargets(c.Proxy, n)
+	ts := peerTargets(c.Proxy, n, o.OneService)
 	if run.Source, err = w.sourceSeen(ts[len(ts)-1]); err != nil {
 		return run, err
 	}
@@ -457,10 +471,15 @@ func (w *peersWorld) startProxy(ctx context.Context, o PeersOptions, c peerCase,
 	case ppNftables, ppIptables:
 		p.bin = o.KubeProxyBin
 		args = []string{"--config", cfgPath}
-	case ppXvs:
+	case ppXvs, ppXvsBypass:
 		p.bin = o.XvsBin
 		p.pin = w.pinRoot + "-agent"
 		args = []string{"agent", "--config", cfgPath, "--pin-path", p.pin}
+		if c.Proxy == ppXvsBypass {
+			// Translated traffic skips the node's netfilter hooks and
+			// xvs masquerades in BPF.
+			args = append(args, "--netfilter-mode=bypass")
+		}
 	default:
 		return nil, fmt.Errorf("no process for %s", c.Proxy)
 	}
@@ -470,7 +489,7 @@ func (w *peersWorld) startProxy(ctx context.Context, o PeersOptions, c peerCase,
 		return nil, err
 	}
 	p.proc = proc
-	ts := peerTargets(c.Proxy, n)
+	ts := peerTargets(c.Proxy, n, o.OneService)
 	want := []netip.AddrPort{ts[0], ts[len(ts)-1]}
 	deadline := start.Add(o.ReadyTimeout)
 	for len(want) > 0 {
@@ -506,7 +525,7 @@ func (p *peerProcess) stop() error {
 	errs := []error{p.proc.Stop(15 * time.Second)}
 	var out []byte
 	var err error
-	if p.c.Proxy == ppXvs {
+	if p.c.Proxy.xvs() {
 		out, err = lab.Run(node, p.bin, "cleanup", "--pin-path", p.pin)
 	} else {
 		out, err = lab.Run(node, p.bin, "--cleanup")
@@ -561,7 +580,7 @@ func measurePeers(ctx context.Context, o PeersOptions) (_ []peerResult, _ *peers
 					continue
 				}
 				if why, ok := slow[c.Proxy]; ok {
-					cell.Err = "not started: " + why
+					cell.Err = "not started (again) at this size: " + why
 					continue
 				}
 				if took, ok := once[c.Proxy]; ok && round > 0 {

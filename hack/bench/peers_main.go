@@ -54,7 +54,8 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	warmup := fs.Duration("warmup", 3*time.Second, "load before each window, not counted")
 	ready := fs.Duration("ready-timeout", 5*time.Minute, "longest wait for a proxy's first sync at a size (a proxy that misses it is reported, not run again at that size)")
 	slowSync := fs.Duration("slow-sync", time.Minute, "a proxy whose first sync at a size takes longer runs in the first round only at that size (0: every round)")
-	proxies := fs.String("proxies", "floor,kube-proxy-nftables,kube-proxy-iptables,xvs", "what to compare")
+	proxies := fs.String("proxies", "floor,kube-proxy-nftables,kube-proxy-iptables,xvs,xvs-bypass", "what to compare: floor, kube-proxy-nftables, kube-proxy-iptables, xvs (the agent's defaults), xvs-bypass (--netfilter-mode=bypass)")
+	target := fs.String("targets", "spread", "where connections go: spread (every worker sweeps all N Services) or one (all to Service 0, the N programmed)")
 	masq := fs.String("masquerade", "both", "cases to run: both, on (masqueraded only) or off")
 	xvsBin := fs.String("xvs-bin", "", "xvs binary (default: built from this tree)")
 	kpBin := fs.String("kube-proxy-bin", "", "kube-proxy binary (default: built from test/kubeproxy into the cache, or $"+envKubeProxyBin+")")
@@ -76,8 +77,12 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	if !ok {
 		return PeersOptions{}, fmt.Errorf("-masquerade: %q is not both, on or off", *masq)
 	}
+	if *target != "spread" && *target != "one" {
+		return PeersOptions{}, fmt.Errorf("-targets: %q is not spread or one", *target)
+	}
 	return PeersOptions{
-		Out: *out, Command: strings.TrimSpace("go run ./hack/bench peers " + strings.Join(args, " ")),
+		OneService: *target == "one",
+		Out:        *out, Command: strings.TrimSpace("go run ./hack/bench peers " + strings.Join(args, " ")),
 		Sizes: ns, Rounds: *rounds, Workers: *workers, Window: *window, WindowUnmasq: *windowUnmasq, Warmup: *warmup,
 		ReadyTimeout: *ready, SlowSync: *slowSync, Proxies: ps, Masq: masqs, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
 	}, nil

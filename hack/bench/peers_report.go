@@ -32,7 +32,7 @@ func RunPeers(ctx context.Context, o PeersOptions) error {
 			return err
 		}
 	}
-	if o.XvsBin == "" && slices.Contains(o.Proxies, ppXvs) {
+	if o.XvsBin == "" && slices.ContainsFunc(o.Proxies, peerProxy.xvs) {
 		dir, err := os.MkdirTemp("", "xvs-bench-bin-")
 		if err != nil {
 			return err
@@ -122,25 +122,35 @@ type peerGoal struct {
 }
 
 func peerGoals(o PeersOptions) []peerGoal {
-	xvs := func(m bool) peerCase { return peerCase{ppXvs, m} }
 	var gs []peerGoal
-	for _, masq := range []bool{true, false} {
-		tag := "not masqueraded"
-		if masq {
-			tag = "masqueraded"
+	for _, x := range xvsProxies {
+		if !slices.Contains(o.Proxies, x) {
+			continue
+		}
+		xc := func(m bool) peerCase { return peerCase{x, m} }
+		for _, masq := range []bool{true, false} {
+			tag := "not masqueraded"
+			if masq {
+				tag = "masqueraded"
+			}
+			for _, kp := range []peerProxy{ppNftables, ppIptables} {
+				if !slices.Contains(o.Proxies, kp) {
+					continue
+				}
+				gs = append(gs,
+					peerGoal{fmt.Sprintf("new conn/s, %s: %s ahead of %s at every N", tag, x, kp), xc(masq), peerCase{kp, masq}, peerCPS, false, 1},
+					peerGoal{fmt.Sprintf("CPU per connection, %s: %s below %s at every N", tag, x, kp), xc(masq), peerCase{kp, masq}, peerCPU, true, 1})
+			}
 		}
 		for _, kp := range []peerProxy{ppNftables, ppIptables} {
-			if !slices.Contains(o.Proxies, kp) {
-				continue
+			if slices.Contains(o.Proxies, kp) {
+				gs = append(gs, peerGoal{fmt.Sprintf("time to serve N Services from the API server, masqueraded: %s ahead of %s at every N", x, kp), xc(true), peerCase{kp, true}, peerReady, true, 1})
 			}
-			gs = append(gs,
-				peerGoal{fmt.Sprintf("new conn/s, %s: xvs ahead of %s at every N", tag, kp), xvs(masq), peerCase{kp, masq}, peerCPS, false, 1},
-				peerGoal{fmt.Sprintf("CPU per connection, %s: xvs below %s at every N", tag, kp), xvs(masq), peerCase{kp, masq}, peerCPU, true, 1})
 		}
+		gs = append(gs,
+			peerGoal{fmt.Sprintf("%s masqueraded >= 0.9x %s not masqueraded (new conn/s) at every N", x, x), xc(true), xc(false), peerCPS, false, 0.9},
+			peerGoal{fmt.Sprintf("%s not masqueraded >= 0.9x the floor (new conn/s) at every N", x), xc(false), peerCase{Proxy: ppFloor}, peerCPS, false, goalFloorRatio})
 	}
-	gs = append(gs,
-		peerGoal{"xvs masqueraded >= 0.9x xvs not masqueraded (new conn/s) at every N", xvs(true), xvs(false), peerCPS, false, 0.9},
-		peerGoal{"xvs not masqueraded >= 0.9x the floor (new conn/s) at every N", xvs(false), peerCase{Proxy: ppFloor}, peerCPS, false, goalFloorRatio})
 	return gs
 }
 
@@ -152,7 +162,7 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 	fmt.Fprintf(&b, "## Summary\n\n")
 	fmt.Fprintf(&b, "Every ratio is the median over %d rounds of same-round ratios (each round runs every case once, back to back); costs are inverted, so above 1.00x means xvs is ahead. This run took %v.\n\n", o.Rounds, m.Took.Round(time.Second))
 	fmt.Fprintf(&b, "| Goal | Measured | Met | Command |\n|---|---|---|---|\n")
-	if xvs := slices.Contains(o.Proxies, ppXvs); xvs {
+	{
 		for _, g := range peerGoals(o) {
 			var parts []string
 			met, any := true, false
@@ -286,12 +296,14 @@ func writePeerRatioTable(b *bytes.Buffer, o PeersOptions, rs []peerResult) {
 		if masq {
 			tag = "masq."
 		}
-		for _, p := range []peerProxy{ppNftables, ppIptables} {
-			if slices.Contains(o.Proxies, p) && slices.Contains(o.Proxies, ppXvs) {
-				cols = append(cols, col{fmt.Sprintf("xvs / %s, %s", p.short(), tag), peerCase{ppXvs, masq}, peerCase{p, masq}})
+		for _, x := range xvsProxies {
+			for _, p := range []peerProxy{ppNftables, ppIptables} {
+				if slices.Contains(o.Proxies, p) && slices.Contains(o.Proxies, x) {
+					cols = append(cols, col{fmt.Sprintf("%s / %s, %s", x.short(), p.short(), tag), peerCase{x, masq}, peerCase{p, masq}})
+				}
 			}
 		}
-		for _, p := range []peerProxy{ppNftables, ppIptables, ppXvs} {
+		for _, p := range []peerProxy{ppNftables, ppIptables, ppXvs, ppXvsBypass} {
 			if slices.Contains(o.Proxies, p) {
 				cols = append(cols, col{fmt.Sprintf("%s / floor, %s", p.short(), tag), peerCase{p, masq}, floor})
 			}
@@ -339,15 +351,15 @@ func writePeersMethod(b *bytes.Buffer, o PeersOptions) {
 - **API server**: one kube-apiserver v1.37 with embedded etcd (lab/kubeapi) for the whole run, on the host's loopback, relayed into the node namespace at the same address. N ClusterIP Services (port 80/TCP, Service i at 10.96.0.%s+i, the API server's own `+"`kubernetes`"+` Service at 10.96.0.1) and one EndpointSlice each with the three pods (port 8080, ready) are created through it before each size, added to the previous size's; a Node object `+"`%s`"+` carries the node's InternalIP.
 - **Proxies**, each a process started in the node namespace with `+"`nsenter --net`"+` (so it writes rules and sysctls there only) on the same KubeProxyConfiguration file, which differs only in `+"`mode`"+` (nftables, iptables, ebpf) and, in the masqueraded cases, `+"`clusterCIDR: %s`"+`: `+"`hostnameOverride`"+` the Node, `+"`clientConnection.kubeconfig`"+` the API server's, `+"`conntrack.maxPerCore: 0`"+`. Everything else is each program's default.
   - **kube-proxy nftables / iptables**: upstream kube-proxy v1.37.2, `+"`cmd/kube-proxy`"+` of k8s.io/kubernetes built from the Go modules (test/kubeproxy, cached under /var/cache/xvs/kube-proxy).
-  - **xvs (ebpf)**: the real `+"`xvs agent`"+` binary, built from the repository's HEAD (`+"`git archive`"+`, so no uncommitted change is measured; `+"`-xvs-bin`"+` replaces it), with a private `+"`--pin-path`"+`.
+  - **xvs (ebpf)** and **xvs (ebpf, bypass)**: the real `+"`xvs agent`"+` binary, with its defaults and with `+"`--netfilter-mode=bypass`"+` (docs/nodes.md: by default translated Service traffic passes the node's netfilter hooks and netfilter masquerades it, from xvs's own nftables table; in bypass mode it skips them and xvs masquerades in BPF), built from the repository's HEAD (`+"`git archive`"+`, so no uncommitted change is measured; `+"`-xvs-bin`"+` replaces it), with a private `+"`--pin-path`"+`.
   - **no proxy (floor)**: nothing runs; the client connects to the pod addresses themselves, through the same node.
 - **Masquerade**: with `+"`clusterCIDR`"+` set, the client (outside it) is off-cluster, and kube-proxy (a `+"`mark-for-masquerade`"+` rule per Service, MASQUERADE with `+"`--random-fully`"+`) and xvs (in BPF) masquerade it to the node's address; without it neither does. Before every window one connection checks it: the pod that answers records the source it saw, and a case whose masquerade is not what it should be fails instead of being measured.
-- **Load**: %d workers, each an OS thread in the client namespace looping connect, send 16 bytes, receive 16 bytes, close (raw non-blocking sockets and poll(2)), to every VIP in turn (worker w's k-th connection to Service (w + k x workers) mod N): every connection is a new flow. Only completions inside the window count; a window follows a %v warm-up.
+- **Load**: %d workers, each an OS thread in the client namespace looping connect, send 16 bytes, receive 16 bytes, close (raw non-blocking sockets and poll(2)), %s: every connection is a new flow. Only completions inside the window count; a window follows a %v warm-up.
 - **Rounds**: each size runs %d rounds; a round runs every case once, one after another (the proxy started, its first sync awaited, the window, the proxy stopped), each round starting one case later than the previous one. The node's netfilter conntrack table is flushed before each case.
 - **CPU per connection**: the benchmark process's user+system time (the load generator, the pods' servers, and the kernel's forwarding, NAT and conntrack done in their context: this kernel has no IRQ time accounting, so a softirq is charged to the task it interrupts) plus the proxy process's (from /proc/PID/stat) plus the ksoftirqd threads', over the window, divided by the connections completed in it.
 - **Cleanup** after every case: the process is stopped by its PID (SIGTERM, then SIGKILL), its own cleanup runs (`+"`kube-proxy --cleanup`"+`, `+"`xvs cleanup`"+`), the node's ruleset is flushed and checked empty, and the node namespace's conntrack timeouts and `+"`route_localnet`"+` are put back. The namespaces, servers, API server and every process go when the run ends, on every path.
 
-`, trafficNodeIP, joinAddrs(trafficPodIPs), trafficClientIP, "2", peersNode, peersClusterCIDR, o.Workers, o.Warmup, o.Rounds)
+`, trafficNodeIP, joinAddrs(trafficPodIPs), trafficClientIP, "2", peersNode, peersClusterCIDR, o.Workers, targetsText(o), o.Warmup, o.Rounds)
 }
 
 func writePeersNotes(b *bytes.Buffer) {
@@ -400,4 +412,11 @@ func writePeerPlots(base string, o PeersOptions, rs []peerResult) (map[string]st
 		plots[s.key] = filepath.Base(path)
 	}
 	return plots, nil
+}
+
+func targetsText(o PeersOptions) string {
+	if o.OneService {
+		return "all to Service 0's VIP (`-targets one`: the N Services are programmed, the traffic is the same at every N; the floor connects to the pods)"
+	}
+	return "to every VIP in turn (worker w's k-th connection to Service (w + k x workers) mod N; `-targets spread`, the default; the floor connects to the pods)"
 }

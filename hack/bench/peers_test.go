@@ -25,7 +25,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 	o := PeersOptions{
 		Out: out, Command: "go test ./hack/bench/", Sizes: []int{1, 3}, Rounds: 1, Workers: 2,
 		Window: 300 * time.Millisecond, WindowUnmasq: 200 * time.Millisecond, Warmup: 100 * time.Millisecond,
-		ReadyTimeout: time.Minute, Proxies: []peerProxy{ppFloor, ppNftables, ppIptables, ppXvs}, Log: testLog{t},
+		ReadyTimeout: time.Minute, Proxies: []peerProxy{ppFloor, ppNftables, ppIptables, ppXvs, ppXvsBypass}, Log: testLog{t},
 	}
 	if err := RunPeers(context.Background(), o); err != nil {
 		t.Fatal(err)
@@ -37,7 +37,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 	for _, want := range []string{
 		"| Goal | Measured | Met | Command |", "xvs ahead of kube-proxy nftables", "xvs ahead of kube-proxy iptables",
 		"## Machine and run", "Kernel:", "Load average", "Kubernetes v1.37", "## Method", "### New TCP connections per second",
-		"### CPU per connection", "kube-proxy iptables, masqueraded", "xvs (ebpf), not masqueraded", "| 3 |",
+		"### CPU per connection", "kube-proxy iptables, masqueraded", "xvs (ebpf), not masqueraded", "xvs (ebpf, bypass), masqueraded", "| 3 |",
 		"BENCHMARKS-peers-cps.png", "## The shape-alike rule sets",
 	} {
 		if !strings.Contains(string(report), want) {

@@ -392,7 +392,7 @@ func writeTrafficGoals(b *bytes.Buffer, rs []trafficResult) {
 			cellMedian(f, cpuConn)/9/1e3, cellMedian(f, cpuConn)/9/(float64(p.Runs)/float64(p.Conns)))
 		break
 	}
-	fmt.Fprintf(b, `**Reference, not measured by us** (from the issue text): the real kube-proxy v1.37 on this machine, one node namespace, three pods, connect/send/recv/close loops, medians of 6 runs, ±15%% noise: nftables mode about 0.93x the floor at 1 Service and 0.72x at 10k; iptables mode about 0.80x and 0.50x. Our rule sets have kube-proxy's shape but not all of its rules (no NodePort, firewall or health-check chains, no masquerade of off-cluster clients), so the figures above are the rule-matching and NAT part of those numbers.
+	fmt.Fprintf(b, `**The real kube-proxy** v1.37.2, in nftables and iptables mode, beside the real xvs agent, reading the same API server, masqueraded and not: [BENCHMARKS-peers.md](BENCHMARKS-peers.md) (`+"`make bench-peers`"+`, which `+"`make bench`"+` runs after this report). The rule sets here have kube-proxy's shape but not all of its rules (no NodePort, firewall or health-check chains, no masquerade of off-cluster clients), and no kube-proxy process: the figures above are the rule-matching and NAT part of kube-proxy's cost, and the kept-alive and rule-loading figures the peer report does not have.
 
 `)
 }
