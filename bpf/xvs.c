@@ -29,6 +29,7 @@
 #include "lib/affinity.h"
 #include "lib/ct.h"
 #include "lib/flow.h"
+#include "lib/icmp.h"
 #include "lib/lb.h"
 #include "lib/maps.h"
 #include "lib/nat.h"
@@ -347,8 +348,18 @@ static __always_inline int handle_egress(struct __sk_buff *skb, bool v6, bool l3
 	struct flow_res *res = &sc->res;
 
 	res->len = skb->len;
-	if ((v6 ? parse_ipv6(skb, l3_off, p) : parse_ipv4(skb, l3_off, p)) != XVS_PARSE_OK)
+	switch (v6 ? parse_ipv6(skb, l3_off, p) : parse_ipv4(skb, l3_off, p)) {
+	case XVS_PARSE_OK:
+		break;
+	case XVS_PARSE_IGNORE:
+		/* Perhaps an ICMP error about one of the flows reverse-NATed
+		 * here (lib/icmp.h). */
+		if (!v6 && icmp_error_egress(skb, l3_off) < 0)
+			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
 		return TC_ACT_OK;
+	default:
+		return TC_ACT_OK;
+	}
 	p->ifindex = skb->ifindex;
 	if (flow_egress(p, res) != XVS_ACT_NAT)
 		return TC_ACT_OK;

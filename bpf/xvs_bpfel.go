@@ -352,7 +352,8 @@ const (
 	XvsXvsVerdictXVS_V_REPLY_HOST          XvsXvsVerdict = 20
 	XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED    XvsXvsVerdict = 21
 	XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED  XvsXvsVerdict = 22
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 23
+	XvsXvsVerdictXVS_V_REPLY_ICMP          XvsXvsVerdict = 23
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 24
 )
 
 type XvsXvsVipKey struct {

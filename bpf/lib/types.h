@@ -390,6 +390,7 @@ enum xvs_verdict {
 	XVS_V_REPLY_HOST,	   /* reply of a host-network endpoint: reverse NAT at egress */
 	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU, may fragment: the stack's */
 	XVS_V_REJECT_FRAG_NEEDED,  /* too big for the egress MTU: ICMP frag-needed sent */
+	XVS_V_REPLY_ICMP,	   /* an ICMP error about a flow, translated for its client */
 	XVS_V_MAX,
 };
 

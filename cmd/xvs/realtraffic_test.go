@@ -463,3 +463,84 @@ func testRealTrafficL3Device(t *testing.T, args []string) {
 	expectVerdict(t, lab.ProbeTCP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
 	expectVerdict(t, lab.ProbeUDP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
 }
+
+// icmpManifests: UDP Services whose endpoints have no socket on the target
+// port, so each datagram gets an ICMP port unreachable from the pod.
+const icmpManifests = `---
+apiVersion: v1
+kind: Service
+metadata: {name: closed, namespace: lab}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.40
+  clusterIPs: [172.30.0.40]
+  ports: [{name: udp, port: 80, targetPort: 9999, nodePort: 30083, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: closed-1, namespace: lab, labels: {kubernetes.io/service-name: closed}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.1.11], nodeName: node-b}]
+ports: [{name: udp, port: 9999, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: closed-local, namespace: lab}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.41
+  clusterIPs: [172.30.0.41]
+  externalTrafficPolicy: Local
+  ports: [{name: udp, port: 80, targetPort: 9999, nodePort: 30084, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: closed-local-1, namespace: lab, labels: {kubernetes.io/service-name: closed-local}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.11], nodeName: node-a}]
+ports: [{name: udp, port: 9999, protocol: UDP}]
+`
+
+// TestPrivRealTrafficICMPErrors: a pod that does not listen on a Service's
+// target port answers each datagram with ICMP port unreachable quoting the
+// translated packet; the node translates the quote back, so the client's
+// connected UDP socket gets ECONNREFUSED, as under kube-proxy: from a pod
+// through the ClusterIP (the endpoint on the other node), from an external
+// client through a masqueraded NodePort (netfilter undoes its masquerade
+// of the quote, xvs its DNAT) and through an eTP=Local NodePort. In the
+// default netfilter mode; bypass mode does not translate ICMP errors yet.
+func TestPrivRealTrafficICMPErrors(t *testing.T) {
+	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=pass"}, func(w *multiNode) error {
+		f, err := os.OpenFile(filepath.Join(w.Dir, "lab.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = f.WriteString(icmpManifests)
+		return err
+	})
+	logVerdicts(t, w)
+	for _, c := range []struct {
+		name string
+		ns   *lab.NS
+		src  netip.Addr
+		dst  netip.AddrPort
+	}{
+		{"pod, ClusterIP, remote endpoint", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.40:80")},
+		{"external client, masqueraded NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30083)},
+		{"external client, eTP=Local NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30084)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if r := lab.ProbeUDP(c.ns, c.src, c.dst, 2*time.Second); r.Verdict != lab.Refused {
+				t.Fatalf("UDP %s -> %s: %v, want refused (the pod's port unreachable, translated)", c.src, c.dst, r)
+			}
+		})
+	}
+	vs, err := agentVerdicts(w.pins["node-a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vs["reply_icmp_error"] < 3 {
+		t.Fatalf("node A translated %d ICMP errors, want at least 3", vs["reply_icmp_error"])
+	}
+}
