@@ -35,7 +35,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| Goal | Measured | Met | Command |", "xvs ahead of kube-proxy nftables", "xvs ahead of kube-proxy iptables",
+		"| Goal | Measured | Met | Command |", "xvs (ebpf) ahead of kube-proxy nftables", "xvs (ebpf, bypass) ahead of kube-proxy iptables",
 		"## Machine and run", "Kernel:", "Load average", "Kubernetes v1.37", "## Method", "### New TCP connections per second",
 		"### CPU per connection", "kube-proxy iptables, masqueraded", "xvs (ebpf), not masqueraded", "xvs (ebpf, bypass), masqueraded", "| 3 |",
 		"BENCHMARKS-peers-cps.png", "## The shape-alike rule sets",
