@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -82,6 +83,9 @@ func (l *Lab) AddTunClient(node *Node, name string, addr netip.Addr) (*NS, error
 // and write is one IP packet) in ns. The device lives while the file is
 // open.
 func openTun(ns *NS, dev string) (*os.File, error) {
+	if err := ensureTunNode(); err != nil {
+		return nil, err
+	}
 	var f *os.File
 	err := ns.Do(func() error {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
@@ -107,6 +111,24 @@ func openTun(ns *NS, dev string) (*os.File, error) {
 		return nil, fmt.Errorf("%s: %w", ns.Name, err)
 	}
 	return f, nil
+}
+
+// ensureTunNode makes /dev/net/tun usable where a minimal root (the VM
+// rig's guest) has no node for it: the tun module loaded, the character
+// device (10, 200) created.
+func ensureTunNode() error {
+	const path = "/dev/net/tun"
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	_ = exec.Command("modprobe", "tun").Run() // built in, or loaded: either is fine
+	if err := os.MkdirAll("/dev/net", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(10, 200))); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return nil
 }
 
 // tunRelay copies packets both ways between two tun devices.

@@ -45,16 +45,21 @@ var hooks = []hook{
 
 // hookProgram is the program for hook h on a device with (Ethernet) or
 // without (l3: tun, IPIP, WireGuard) a link-layer header.
-func (o *Objects) hookProgram(h hook, l3 bool) *ebpf.Program {
+func (o *Objects) hookProgram(h hook, l3 bool) (*ebpf.Program, error) {
+	if l3 {
+		if err := o.l3Programs(); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case h.attach == ebpf.AttachTCXEgress && l3:
-		return o.XvsTcEgressL3
+		return o.XvsTcEgressL3, nil
 	case h.attach == ebpf.AttachTCXEgress:
-		return o.XvsTcEgress
+		return o.XvsTcEgress, nil
 	case l3:
-		return o.XvsTcIngressL3
+		return o.XvsTcIngressL3, nil
 	}
-	return o.XvsTcIngress
+	return o.XvsTcIngress, nil
 }
 
 // isL3 tells a device without a link-layer header: anything that is not
@@ -125,11 +130,15 @@ func (o *Objects) attachTCX(dev string, ifindex int, l3 bool) error {
 }
 
 func (o *Objects) attachTCXHook(h hook, dev string, ifindex int, l3 bool) error {
+	prog, err := o.hookProgram(h, l3)
+	if err != nil {
+		return err
+	}
 	pin := linkPin(o.cfg.PinPath, h, dev)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		info, ierr := l.Info()
 		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			err := l.Update(o.hookProgram(h, l3))
+			err := l.Update(prog)
 			l.Close()
 			if err != nil {
 				return fmt.Errorf("replace program on %s: %w", dev, err)
@@ -143,7 +152,7 @@ func (o *Objects) attachTCXHook(h hook, dev string, ifindex int, l3 bool) error 
 	}
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
-		Program:   o.hookProgram(h, l3),
+		Program:   prog,
 		Attach:    h.attach,
 	})
 	if err != nil {
@@ -172,6 +181,10 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 		return fmt.Errorf("clsact on %s: %w", nl.Attrs().Name, err)
 	}
 	for _, h := range hooks {
+		prog, err := o.hookProgram(h, isL3(nl))
+		if err != nil {
+			return err
+		}
 		filter := &netlink.BpfFilter{
 			FilterAttrs: netlink.FilterAttrs{
 				LinkIndex: nl.Attrs().Index,
@@ -180,7 +193,7 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 				Priority:  legacyPriority,
 				Protocol:  unix.ETH_P_ALL,
 			},
-			Fd:           o.hookProgram(h, isL3(nl)).FD(),
+			Fd:           prog.FD(),
 			Name:         h.filterName(),
 			DirectAction: true,
 		}

@@ -20,6 +20,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -96,11 +99,21 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Objects are the loaded programs and maps.
+// Objects are the loaded programs and maps. The programs for devices
+// without a link-layer header (XvsTcIngressL3, XvsTcEgressL3) stay nil until
+// such a device is attached (l3Programs): verifying them costs as much as the
+// Ethernet programs, and most nodes have no such device.
 type Objects struct {
 	xbpf.XvsObjects
 	cfg Config
+	// spec is what was loaded (sizes and knobs set), for the L3 programs.
+	spec *ebpf.CollectionSpec
+	opts ebpf.CollectionOptions
+	l3Mu sync.Mutex
 }
+
+// lazyPrograms are loaded on first use (l3Programs).
+var lazyPrograms = []string{"xvs_tc_ingress_l3", "xvs_tc_egress_l3"}
 
 // Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so
 // that services, backends and conntrack survive agent restarts and program
@@ -157,9 +170,8 @@ func Load(cfg Config) (*Objects, error) {
 		}
 	}
 
-	var objs Objects
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}
-	if err := spec.LoadAndAssign(&objs.XvsObjects, opts); err != nil {
+	objs := Objects{spec: spec, opts: ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}}
+	if err := objs.loadEager(); err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load programs: %+v", verr)
@@ -175,6 +187,80 @@ func Load(cfg Config) (*Objects, error) {
 		return nil, err
 	}
 	return &objs, nil
+}
+
+// loadEager loads the maps and every program but the lazy ones, and assigns
+// them to o.XvsObjects by their names.
+func (o *Objects) loadEager() error {
+	s := o.spec.Copy()
+	for _, name := range lazyPrograms {
+		delete(s.Programs, name)
+	}
+	coll, err := ebpf.NewCollectionWithOptions(s, o.opts)
+	if err != nil {
+		return err
+	}
+	defer coll.Close()
+	return assignByName(coll, &o.XvsMaps, &o.XvsPrograms)
+}
+
+// assignByName moves the collection's maps and programs into the fields
+// (tagged `ebpf:"name"`) of the structs that have them; fields without one in
+// the collection stay as they are.
+func assignByName(coll *ebpf.Collection, dsts ...any) error {
+	for _, dst := range dsts {
+		v := reflect.ValueOf(dst).Elem()
+		for i := range v.NumField() {
+			name := v.Type().Field(i).Tag.Get("ebpf")
+			switch f := v.Field(i); f.Interface().(type) {
+			case *ebpf.Map:
+				if m := coll.DetachMap(name); m != nil {
+					f.Set(reflect.ValueOf(m))
+				}
+			case *ebpf.Program:
+				if p := coll.DetachProgram(name); p != nil {
+					f.Set(reflect.ValueOf(p))
+				}
+			default:
+				return fmt.Errorf("assign %s: unexpected field type %s", name, f.Type())
+			}
+		}
+	}
+	return nil
+}
+
+// l3Programs loads the programs for devices without a link-layer header,
+// once, sharing every map of the loaded objects.
+func (o *Objects) l3Programs() error {
+	o.l3Mu.Lock()
+	defer o.l3Mu.Unlock()
+	if o.XvsTcIngressL3 != nil && o.XvsTcEgressL3 != nil {
+		return nil
+	}
+	s := o.spec.Copy()
+	for name := range s.Programs {
+		if !slices.Contains(lazyPrograms, name) {
+			delete(s.Programs, name)
+		}
+	}
+	opts := o.opts
+	opts.MapReplacements = map[string]*ebpf.Map{}
+	v := reflect.ValueOf(&o.XvsMaps).Elem()
+	for i := range v.NumField() {
+		if m, _ := v.Field(i).Interface().(*ebpf.Map); m != nil {
+			opts.MapReplacements[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(s, opts)
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return fmt.Errorf("load the programs for L3 devices: %+v", verr)
+		}
+		return fmt.Errorf("load the programs for L3 devices: %w", err)
+	}
+	defer coll.Close()
+	return assignByName(coll, &o.XvsPrograms)
 }
 
 // pinProgram replaces the pinned program with the one just loaded, so that

@@ -76,7 +76,68 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 	}
 }
 
+// BenchmarkPrivSpreadCPS: the same load from a pod, not masqueraded, with
+// each connection to the next of N ClusterIP Services of the same three
+// pods (N = 1 and 1000), in both netfilter modes: what a per-Service cost
+// in the datapath would show. XVS_CPS_WINDOW as above.
+//
+//	go test -run '^$' -bench PrivSpreadCPS -benchtime 1x ./cmd/xvs/
+func BenchmarkPrivSpreadCPS(b *testing.B) {
+	window := 60 * time.Second
+	if v := os.Getenv("XVS_CPS_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		window = d
+	}
+	for _, mode := range []string{netfilterPass, netfilterBypass} {
+		for _, n := range []int{1, 1000} {
+			b.Run(fmt.Sprintf("%s-%d-services", mode, n), func(b *testing.B) {
+				var m strings.Builder
+				var dsts []netip.AddrPort
+				for i := range n {
+					ip := netip.AddrFrom4([4]byte{172, 30, 16 + byte(i/250), byte(1 + i%250)})
+					dsts = append(dsts, netip.AddrPortFrom(ip, 80))
+					fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Service\nmetadata: {name: spread-%d, namespace: lab}\nspec:\n  clusterIP: %s\n  clusterIPs: [%s]\n  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}]\n", i, ip, ip)
+					fmt.Fprintf(&m, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: spread-%d-1, namespace: lab, labels: {kubernetes.io/service-name: spread-%d}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.1.21], nodeName: node-b}, {addresses: [10.244.1.22], nodeName: node-b}, {addresses: [10.244.1.23], nodeName: node-b}]\nports: [{name: tcp, port: 8080, protocol: TCP}]\n", i, i)
+				}
+				w := newBenchWorldWith(b, m.String(), "--netfilter-mode="+mode)
+				deadline := time.Now().Add(30 * time.Second)
+				for lab.ProbeTCP(w.PodA, mnPodA, dsts[len(dsts)-1], time.Second).Verdict != lab.OK {
+					if time.Now().After(deadline) {
+						b.Fatal("last spread Service never reachable")
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if err := w.PodA.Sysctl("net/ipv4/ip_local_port_range", "1024 65535", "net/ipv4/tcp_tw_reuse", "1"); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				ok, failed := connectLoadTo(w.PodA, dsts, 16, window)
+				b.StopTimer()
+				b.ReportMetric(float64(ok)/window.Seconds(), "conn/s")
+				b.ReportMetric(float64(failed), "failures")
+				vs, err := agentVerdicts(w.pins["node-a"])
+				if err != nil {
+					b.Fatal(err)
+				}
+				for v, n := range vs {
+					b.Logf("node A: %s %d packets", v, n)
+				}
+			})
+		}
+	}
+}
+
 func newBenchWorld(b *testing.B, extra ...string) *multiNode {
+	b.Helper()
+	return newBenchWorldWith(b, "", extra...)
+}
+
+// newBenchWorldWith is newBenchWorld with more manifests (more appended to
+// the bench Service's).
+func newBenchWorldWith(b *testing.B, more string, extra ...string) *multiNode {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Fatal("needs root")
@@ -99,7 +160,7 @@ func newBenchWorld(b *testing.B, extra ...string) *multiNode {
 			b.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(w.Dir, "bench.yaml"), []byte(benchManifests), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(w.Dir, "bench.yaml"), []byte(benchManifests+more), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	if err := w.startAgents(extra...); err != nil {
@@ -147,17 +208,24 @@ ports:
 // close, until window ends; it returns the connections that completed and
 // those that failed.
 func connectLoad(ns *lab.NS, dst netip.AddrPort, workers int, window time.Duration) (ok, failed int64) {
+	return connectLoadTo(ns, []netip.AddrPort{dst}, workers, window)
+}
+
+// connectLoadTo is connectLoad over several destinations: worker w's k-th
+// connection goes to dsts[(w + k*workers) % len(dsts)].
+func connectLoadTo(ns *lab.NS, dsts []netip.AddrPort, workers int, window time.Duration) (ok, failed int64) {
 	var okN, failN atomic.Int64
 	end := time.Now().Add(window)
 	var wg sync.WaitGroup
-	for range workers {
+	for wk := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			// The whole loop runs on a thread in the client's namespace,
 			// so every socket is created there.
 			ns.Do(func() error {
-				for time.Now().Before(end) {
+				for k := 0; time.Now().Before(end); k++ {
+					dst := dsts[(wk+k*workers)%len(dsts)]
 					c, err := net.DialTimeout("tcp", dst.String(), 2*time.Second)
 					if err != nil {
 						failN.Add(1)
