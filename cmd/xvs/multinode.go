@@ -336,7 +336,9 @@ func (w *multiNode) startAgents(extra ...string) error {
 		}
 		w.Agents[n.name] = p
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	// Loading and verifying the programs takes about 1.5 s here, and ten
+	// times that in the emulated VM rig, two agents at once.
+	deadline := time.Now().Add(60 * time.Second)
 	for name, pin := range w.pins {
 		for {
 			n, err := countServices(pin)
