@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -217,6 +218,10 @@ type peerRun struct {
 	ProxyCPU, KsoftirqdCPU time.Duration
 	// Source is the client address the pods saw on the check connection.
 	Source netip.Addr
+	// Drops are xvs's nonzero drop verdicts (packets) at the end of the
+	// window, counted from the agent's start, as `xvs list --stats` reads
+	// them: where the failed connections of a case went.
+	Drops map[string]uint64 `json:",omitempty"`
 }
 
 // CPUPerConn is all the CPU the case cost per completed connection: the
@@ -389,8 +394,35 @@ func (w *peersWorld) measureCase(ctx context.Context, o PeersOptions, c peerCase
 		if ended, perr := p.proc.Exited(); ended {
 			return run, fmt.Errorf("%s exited during the run (%v): %s", c.Proxy, perr, p.logTail())
 		}
+		if c.Proxy.xvs() {
+			if run.Drops, err = xvsDrops(w.node.NS, p.bin, p.pin); err != nil {
+				return run, err
+			}
+		}
 	}
 	return run, nil
+}
+
+// xvsDrops reads the agent's drop verdicts with the agent's own binary
+// (its map layout is the binary's, not this tree's).
+func xvsDrops(ns *lab.NS, bin, pin string) (map[string]uint64, error) {
+	out, err := lab.Run(ns, bin, "list", "--stats", "-o", "json", "--pin-path", pin)
+	if err != nil {
+		return nil, fmt.Errorf("xvs list --stats: %v: %s", err, tail(string(out), 5))
+	}
+	var snap struct {
+		Verdicts map[string]struct{ PacketsIn uint64 } `json:"verdicts"`
+	}
+	if err := json.Unmarshal(out, &snap); err != nil {
+		return nil, fmt.Errorf("xvs list --stats: %w", err)
+	}
+	drops := map[string]uint64{}
+	for name, v := range snap.Verdicts {
+		if strings.HasPrefix(name, "drop") && v.PacketsIn > 0 {
+			drops[name] = v.PacketsIn
+		}
+	}
+	return drops, nil
 }
 
 // sourceSeen makes one connection to t (retrying for a few seconds) and
@@ -603,9 +635,9 @@ func measurePeers(ctx context.Context, o PeersOptions) (_ []peerResult, _ *peers
 					continue
 				}
 				cell.Runs = append(cell.Runs, run)
-				logf(o.Log, "peers: %d services, round %d, %s: %.0f conn/s, %v CPU each (proxy %v, ksoftirqd %v in the window), connect p99 %v, %d errors, ready after %v, pods saw %s",
+				logf(o.Log, "peers: %d services, round %d, %s: %.0f conn/s, %v CPU each (proxy %v, ksoftirqd %v in the window), connect p99 %v, %d errors, ready after %v, pods saw %s, xvs drops %v",
 					n, round+1, c, run.Load.Rate(), run.CPUPerConn(), run.ProxyCPU.Round(time.Millisecond), run.KsoftirqdCPU.Round(time.Millisecond),
-					run.Load.P99, run.Load.Errors, run.Ready.Round(time.Millisecond), run.Source)
+					run.Load.P99, run.Load.Errors, run.Ready.Round(time.Millisecond), run.Source, run.Drops)
 			}
 		}
 		results = append(results, res)

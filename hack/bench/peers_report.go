@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -246,6 +247,31 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 			t += peerErrors(r)
 		}
 		return fmt.Sprintf("%.0f", t)
+	})
+	var xcases []peerCase
+	for _, c := range cases {
+		if c.Proxy.xvs() {
+			xcases = append(xcases, c)
+		}
+	}
+	writePeerTable(&b, "xvs's drop verdicts", "Nonzero drop verdict counters (packets) of the agent at the end of each window, from its start, summed over the rounds (`xvs list --stats`).", rs, xcases, func(c *peerCell) string {
+		if c == nil || len(c.Runs) == 0 {
+			return "–"
+		}
+		sum := map[string]uint64{}
+		for _, r := range c.Runs {
+			for k, v := range r.Drops {
+				sum[k] += v
+			}
+		}
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(sum)) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, sum[k]))
+		}
+		if len(parts) == 0 {
+			return "none"
+		}
+		return strings.Join(parts, ", ")
 	})
 	writePeerTable(&b, "Time to serve N Services from the API server", "Median over the rounds, from the process's start to the first and the last Service answering through it: its informers' list, its first full sync and the kernel's programming.", rs, cases, func(c *peerCell) string {
 		v := peerMedian(c, peerReady)
