@@ -250,17 +250,6 @@ ct_flow_of(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 no
 	return fe;
 }
 
-/* Does reply entry rev at rk belong to a live flow (ct_flow_of)? A global
- * function: the verifier checks it once, not at every call site, which
- * keeps the programs' verification time down. */
-__attribute__((noinline)) int ct_live(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 now,
-				      int unreplied)
-{
-	if (!rk || !rev)
-		return 0;
-	return ct_flow_of(rk, rev, now, unreplied) != NULL;
-}
-
 /* The first reply of a flow: its two entries (rev at rk, and its forward
  * entry) move from xvs_ct_unreplied to xvs_conntrack, written there before
  * they are deleted here so that no packet finds neither. */

@@ -20,9 +20,10 @@
 enum xvs_action {
 	XVS_ACT_PASS = 0, /* leave the packet alone */
 	XVS_ACT_DROP,
-	XVS_ACT_REJECT, /* answer with TCP RST / ICMP port unreachable */
-	XVS_ACT_NAT,	/* rewrite to xvs_rewrite and forward */
-	XVS_ACT_NEW,	/* (internal) no live flow: a new one may start */
+	XVS_ACT_REJECT,	 /* answer with TCP RST / ICMP port unreachable */
+	XVS_ACT_NAT,	 /* rewrite to xvs_rewrite and forward */
+	XVS_ACT_NEW,	 /* (internal) no live flow: a new one may start */
+	XVS_ACT_PROMOTE, /* (internal) the first reply of an unreplied flow */
 };
 
 /* The addresses and ports a packet leaves with (16-byte addresses, as
@@ -306,7 +307,7 @@ static long snat_try(__u32 i, void *data)
 {
 	struct snat_search *s = data;
 	struct xvs_ct_key rk = {};
-	struct xvs_ct_entry *old;
+	struct xvs_ct_entry *old, *young;
 	__be16 port;
 
 	if (i == 0) {
@@ -320,14 +321,15 @@ static long snat_try(__u32 i, void *data)
 	}
 	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
-	if (old && ct_live(&rk, old, s->now, false))
+	if (old && ct_flow_of(&rk, old, s->now, false))
+		return 0;
+	young = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
+	if (young && ct_flow_of(&rk, young, s->now, true))
 		return 0;
 	if (flow_port_in_use(s->ctx, &rk))
 		return 0;
-	/* A new flow's reply entry goes with it into the unreplied table,
-	 * where an entry already under the key (a new flow's, or a dead one
-	 * the LRU has not dropped yet) keeps the port. */
-	if (bpf_map_update_elem(&xvs_ct_unreplied, &rk, s->rev, BPF_NOEXIST))
+	/* A new flow's reply entry goes with it into the unreplied table. */
+	if (bpf_map_update_elem(&xvs_ct_unreplied, &rk, s->rev, young ? BPF_ANY : BPF_NOEXIST))
 		return 0;
 	if (old)
 		bpf_map_delete_elem(&xvs_conntrack, &rk); /* a dead flow's */
@@ -429,20 +431,17 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 
 /* Does a live flow (in either table) hold the reply key ck? A dead one's
  * entry in xvs_conntrack is deleted on the way. */
-__noinline int flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
+static __noinline bool flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
 {
-	/* A global function (checked once by the verifier, like ct_live). */
-	if (!ck)
-		return false;
 	struct xvs_ct_entry *have = bpf_map_lookup_elem(&xvs_conntrack, ck);
 
 	if (have) {
-		if (ct_live(ck, have, now, false))
+		if (ct_flow_of(ck, have, now, false))
 			return true;
 		bpf_map_delete_elem(&xvs_conntrack, ck);
 	}
 	have = bpf_map_lookup_elem(&xvs_ct_unreplied, ck);
-	return have && ct_live(ck, have, now, true);
+	return have && ct_flow_of(ck, have, now, true);
 }
 
 /* First packet of a flow to a frontend: filter, choose a backend, decide
@@ -538,51 +537,60 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 		 * that path); its replies are reverse-NATed at egress. */
 		flags |= XVS_CT_F_HOST;
 		snat = false;
-	} else if (snat || (cfg->flags & XVS_CFG_NETFILTER)) {
-		/* Masquerade leaves by the egress interface's address, as
-		 * MASQUERADE does; a route to this node's own address is local
-		 * delivery, never masqueraded, as above. In netfilter mode the
-		 * stack routes, filters and masquerades the translated
-		 * packet itself. */
-		__u32 ifindex = 0;
-		int route = snat ? flow_route(ctx, p, be_addr, be_port, &ifindex) : FLOW_ROUTE_NONE;
+	} else if (cfg->flags & XVS_CFG_NETFILTER) {
+		/* Netfilter mode: the stack routes, filters and masquerades
+		 * the translated packet; a route to this node's own address
+		 * is local delivery, never masqueraded, as above. */
+		flags |= XVS_CT_F_NETFILTER;
+		if (snat) {
+			__u32 ifindex = 0;
 
-		if (route == FLOW_ROUTE_LOCAL) {
-			flags |= XVS_CT_F_HOST;
-			snat = false;
-		}
-		if (cfg->flags & XVS_CFG_NETFILTER) {
-			flags |= XVS_CT_F_NETFILTER;
-			if (snat)
+			if (flow_route(ctx, p, be_addr, be_port, &ifindex) == FLOW_ROUTE_LOCAL)
+				flags |= XVS_CT_F_HOST;
+			else
 				flags |= XVS_CT_F_NF_MASQ;
 			snat = false;
-		} else if (route == FLOW_ROUTE_FWD) {
-			struct xvs_if_addrs *ifa = bpf_map_lookup_elem(&xvs_if_snat, &ifindex);
+		}
+	} else if (snat) {
+		/* Masquerade leaves by the egress interface's address, as
+		 * MASQUERADE does. */
+		__u32 ifindex = 0;
+		struct xvs_if_addrs *ifa;
 
+		switch (flow_route(ctx, p, be_addr, be_port, &ifindex)) {
+		case FLOW_ROUTE_LOCAL:
+			flags |= XVS_CT_F_HOST;
+			snat = false;
+			break;
+		case FLOW_ROUTE_FWD:
+			ifa = bpf_map_lookup_elem(&xvs_if_snat, &ifindex);
 			if (ifa) {
 				const __u8 *a = p->family == XVS_FAMILY_IPV4 ? ifa->addr4 : ifa->addr6;
 
 				if (!addr_is_zero(a))
 					node = a;
 			}
+			break;
 		}
 	}
 	/* The closed or expired flow of this client tuple, if any, that this
 	 * one replaces. */
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	bool old_established = old && !(old->flags & XVS_CT_F_REPLY);
-
-	if (!old_established)
-		old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
 	if (old && !(old->flags & XVS_CT_F_REPLY)) {
 		if (old->flags & XVS_CT_F_SNAT)
 			prefer = old->snat_port;
 		flow_retire(p, old);
 		/* The new flow starts in the unreplied table: the old one
 		 * must not answer for its tuple meanwhile. */
-		if (old_established)
-			bpf_map_delete_elem(&xvs_conntrack, &ck);
+		bpf_map_delete_elem(&xvs_conntrack, &ck);
+	} else {
+		old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+		if (old && !(old->flags & XVS_CT_F_REPLY)) {
+			if (old->flags & XVS_CT_F_SNAT)
+				prefer = old->snat_port;
+			flow_retire(p, old);
+		}
 	}
 
 	/* The entry is built in per-CPU scratch space: two of them on the
@@ -664,59 +672,52 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 
 /* The conntrack half of the decision: a packet of a live flow gets its
  * translation; anything else is XVS_ACT_NEW for flow_new. */
-/* Is e (at ck, in the unreplied table or not) an entry p may use: a
- * forward entry still usable, or a reply entry whose flow lives? */
-__noinline int flow_entry_live(const struct xvs_pkt *p, const struct xvs_ct_key *ck,
-			       const struct xvs_ct_entry *e, __u64 now, int unreplied)
+static __always_inline int flow_track_in(const struct xvs_pkt *p, const struct xvs_ct_key *ck,
+					 struct xvs_ct_entry *e, struct flow_res *res, bool unreplied)
 {
-	/* A global function (checked once by the verifier, like ct_live). */
-	if (!p || !ck || !e)
-		return false;
-	if (e->flags & XVS_CT_F_REPLY)
-		return ct_live(ck, e, now, unreplied);
-	return ct_usable(e, p, now);
+	if (!e)
+		return XVS_ACT_NEW;
+	if (e->flags & XVS_CT_F_REPLY) {
+		struct xvs_ct_entry *fe = ct_flow_of(ck, e, res->now, unreplied);
+
+		/* A stale reply entry (the reaper removes it) says nothing:
+		 * the packet is not part of a live flow of ours. */
+		if (!fe)
+			return XVS_ACT_NEW;
+		/* A reply of a netfilter-mode flow meets netfilter as it
+		 * left the backend; its egress translates it. */
+		if (e->flags & XVS_CT_F_NETFILTER) {
+			res->verdict = XVS_V_PASS;
+			return XVS_ACT_PASS;
+		}
+		if (unreplied)
+			return XVS_ACT_PROMOTE;
+		return flow_reply(p, e, fe, res);
+	}
+	if (ct_usable(e, p, res->now))
+		return flow_established(p, e, res);
+	return XVS_ACT_NEW;
 }
 
-/* The conntrack half of the decision: a packet of a live flow gets its
- * translation; anything else is XVS_ACT_NEW for flow_new. The established
- * table is asked first, then the unreplied one; the first reply of a flow
- * moves it to the established table. (One call site per subprogram: the
- * verifier walks a subprogram once per call site.) */
 static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_ct_key ck = {};
-	struct xvs_ct_entry *e, *fe;
-	bool unreplied = false;
+	struct xvs_ct_entry *e;
+	int act;
 
 	res->now = bpf_ktime_get_ns();
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	if (!flow_entry_live(p, &ck, e, res->now, false)) {
-		e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
-		if (!flow_entry_live(p, &ck, e, res->now, true))
-			return XVS_ACT_NEW;
-		unreplied = true;
-	}
-	if (!e)
-		return XVS_ACT_NEW;
-	if (!(e->flags & XVS_CT_F_REPLY))
-		return flow_established(p, e, res);
-	/* A reply of a netfilter-mode flow meets netfilter as it left the
-	 * backend; its egress translates it (and moves the flow). */
-	if (e->flags & XVS_CT_F_NETFILTER) {
-		res->verdict = XVS_V_PASS;
-		return XVS_ACT_PASS;
-	}
-	if (unreplied) {
-		ct_promote(&ck, e);
-		e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-		if (!e)
-			return XVS_ACT_NEW;
-	}
-	fe = ct_flow_of(&ck, e, res->now, false);
-	if (!fe)
-		return XVS_ACT_NEW;
-	return flow_reply(p, e, fe, res);
+	act = flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
+	if (act != XVS_ACT_NEW)
+		return act;
+	e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+	act = flow_track_in(p, &ck, e, res, true);
+	if (act != XVS_ACT_PROMOTE)
+		return act;
+	/* The flow's first reply: it moves to the established table, and
+	 * the reply is handled there. */
+	ct_promote(&ck, e);
+	return flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
 }
 
 /* Decide what to do with a parsed packet at ingress; res->len is set. ctx
