@@ -50,7 +50,7 @@ lint:
 # The conformance corpus runs in ebpf mode on the host; its SCTP scenario
 # needs the sctp module, which this host's kernel lacks (conformance-vm
 # runs it, with ipvs mode, in the VM).
-test: deps generate-check lint apiserver
+test: deps generate-check lint apiserver kube-proxy
 	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) vmtest KERNEL=6.1
