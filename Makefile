@@ -91,7 +91,7 @@ conformance-vm: build
 # The whole corpus in ebpf mode inside the VM (6.1: legacy tc, and an
 # sctp module, so the SCTP scenario runs too); about 7 min.
 conformance-vm-ebpf: build
-	./hack/vm/vm.sh run $(KERNEL) --timeout 1500 -- './$(BIN) conformance run $(CORPUS) --mode ebpf --json bin/conformance-ebpf-vm$(KERNEL).json'
+	./hack/vm/vm.sh run $(KERNEL) --timeout 2400 -- './$(BIN) conformance run $(CORPUS) --mode ebpf --json bin/conformance-ebpf-vm$(KERNEL).json'
 
 # The whole corpus in ipvs mode inside the VM (6.12: kernel IPVS, nftables,
 # the sctp module); about 7 min.
