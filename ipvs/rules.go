@@ -3,11 +3,11 @@ package ipvs
 import (
 	"bytes"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/nft"
 )
 
 // TableName is the nftables table (one per family, ip and ip6) that holds
@@ -41,23 +41,9 @@ type ruleApplier interface {
 
 type nftRules struct{}
 
-func (nftRules) Apply(script string) error {
-	cmd := exec.Command("nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
+func (nftRules) Apply(script string) error { return nft.Run(script) }
 
-func (nftRules) Delete() error {
-	var script strings.Builder
-	for _, fam := range []string{"ip", "ip6"} {
-		// Declaring the table first makes the delete succeed when it is absent.
-		fmt.Fprintf(&script, "table %s %s\ndelete table %s %s\n", fam, TableName, fam, TableName)
-	}
-	return nftRules{}.Apply(script.String())
-}
+func (nftRules) Delete() error { return nft.DeleteTables(TableName) }
 
 type famSpec struct {
 	nft, addrType string
@@ -119,7 +105,7 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 		}
 		slices.Sort(vips)
 		slices.Sort(loop)
-		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam.nft, TableName, fam.nft, TableName)
+		nft.DeleteTable(&b, fam.nft, TableName)
 		if len(services) == 0 {
 			continue
 		}

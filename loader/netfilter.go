@@ -1,10 +1,11 @@
 package loader
 
 import (
-	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/xvs-lb/xvs/nft"
 )
 
 // NetfilterTable is the nftables table (one per family, ip and ip6) of the
@@ -42,8 +43,8 @@ const (
 // MASQUERADE --random-fully), with the port range above.
 func (n Netfilter) script() string {
 	var b strings.Builder
-	for _, fam := range []string{"ip", "ip6"} {
-		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam, NetfilterTable, fam, NetfilterTable)
+	for _, fam := range nft.Families {
+		nft.DeleteTable(&b, fam, NetfilterTable)
 		fmt.Fprintf(&b, "table %s %s {\n\tchain nat_postrouting {\n", fam, NetfilterTable)
 		b.WriteString("\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
 		fmt.Fprintf(&b, "\t\tmeta mark & %#x == 0 return\n", n.Mark)
@@ -71,7 +72,7 @@ func InstallNetfilter(n Netfilter) error {
 	if err := n.validate(); err != nil {
 		return err
 	}
-	return nft(n.script())
+	return nft.Run(n.script())
 }
 
 // RemoveNetfilter deletes the netfilter mode's tables; absent ones are
@@ -81,23 +82,5 @@ func RemoveNetfilter() error {
 		// Without nft there cannot be a table of ours.
 		return nil
 	}
-	var b strings.Builder
-	for _, fam := range []string{"ip", "ip6"} {
-		// Declaring the table first makes the delete succeed when it is absent.
-		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam, NetfilterTable, fam, NetfilterTable)
-	}
-	return nft(b.String())
-}
-
-func nft(script string) error {
-	cmd := exec.Command("nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
-	out, err := cmd.CombinedOutput()
-	if errors.Is(err, exec.ErrNotFound) {
-		return fmt.Errorf("netfilter mode needs the nft binary (nftables): %w", err)
-	}
-	if err != nil {
-		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	return nft.DeleteTables(NetfilterTable)
 }
