@@ -67,19 +67,6 @@ static __always_inline bool tc_dont_fragment(struct __sk_buff *skb, const struct
 	return frag_off & bpf_htons(0x4000);
 }
 
-/* Translate a packet (when rewrite is set; XDP may have done it) and send
- * it to where its new destination routes. Falls back to the stack
- * (TC_ACT_OK) for local destinations and anything the FIB cannot answer.
- * The TTL (hop limit) drops by one, as forwarding does. The route is
- * looked up once: with the neighbour resolved, the FIB's MACs go into the
- * Ethernet header and bpf_redirect sends it; without, the next hop goes to
- * bpf_redirect_neigh, which resolves it (and would otherwise route the
- * packet a second time). A packet too big for the egress MTU is answered
- * with ICMP frag-needed / packet-too-big quoting the untranslated packet,
- * as the node's forwarding would answer if it knew the frontend (in both
- * modes: the stack would quote the translated header, which the client's
- * socket does not know). *v is the verdict, changed where the packet takes
- * another way. */
 /* Is the packet too big for ifindex's MTU? A GSO/GRO packet is checked by
  * its segments, as the forwarding path does. Any other is checked by its
  * network length here: the helper counts the egress device's link-layer
@@ -102,6 +89,21 @@ enum {
 	TC_FWD_STACK = 1 << 1,	 /* netfilter mode: hand it to the stack */
 };
 
+/* Translate a packet (with TC_FWD_REWRITE in how; XDP may have done it)
+ * and send it to where its new destination routes, or, with TC_FWD_STACK
+ * (netfilter mode), hand it to the stack once the MTU is checked. Falls
+ * back to the stack (TC_ACT_OK) for local destinations and anything the
+ * FIB cannot answer.
+ * The TTL (hop limit) drops by one, as forwarding does. The route is
+ * looked up once: with the neighbour resolved, the FIB's MACs go into the
+ * Ethernet header and bpf_redirect sends it; without, the next hop goes to
+ * bpf_redirect_neigh, which resolves it (and would otherwise route the
+ * packet a second time). A packet too big for the egress MTU is answered
+ * with ICMP frag-needed / packet-too-big quoting the untranslated packet,
+ * as the node's forwarding would answer if it knew the frontend (in both
+ * modes: the stack would quote the translated header, which the client's
+ * socket does not know). *v is the verdict, changed where the packet takes
+ * another way. */
 static __noinline int tc_forward(struct __sk_buff *skb, const struct xvs_pkt *p, const struct xvs_rewrite *rw,
 				 __u32 *v, __u32 how)
 {
