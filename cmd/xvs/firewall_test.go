@@ -59,15 +59,8 @@ func calicoRules(t *testing.T, w *multiNode) func() string {
 	}
 }
 
-type firewallCase struct {
-	name string
-	ns   *lab.NS
-	src  netip.Addr
-	dst  netip.AddrPort
-}
-
-func firewallCases(w *multiNode) []firewallCase {
-	return []firewallCase{
+func firewallCases(w *multiNode) []clientCase {
+	return []clientCase{
 		{"pod egress policy, ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
 		{"pod ingress policy, NodePort eTP=Local", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30081)},
 		{"pod ingress policy, LoadBalancer IP", w.Client, mnClient, netip.AddrPortFrom(mnLBIP, 80)},

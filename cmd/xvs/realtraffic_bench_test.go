@@ -27,14 +27,7 @@ import (
 //
 //	go test -run '^$' -bench PrivMasqueradeCPS -benchtime 1x ./cmd/xvs/
 func BenchmarkPrivMasqueradeCPS(b *testing.B) {
-	window := 60 * time.Second
-	if v := os.Getenv("XVS_CPS_WINDOW"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		window = d
-	}
+	window := cpsWindow(b)
 	clusterIP := netip.MustParseAddrPort("172.30.0.50:80")
 	for _, c := range []struct {
 		name   string
@@ -83,14 +76,7 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 //
 //	go test -run '^$' -bench PrivSpreadCPS -benchtime 1x ./cmd/xvs/
 func BenchmarkPrivSpreadCPS(b *testing.B) {
-	window := 60 * time.Second
-	if v := os.Getenv("XVS_CPS_WINDOW"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		window = d
-	}
+	window := cpsWindow(b)
 	for _, mode := range []string{netfilterPass, netfilterBypass} {
 		for _, n := range []int{1, 1000} {
 			b.Run(fmt.Sprintf("%s-%d-services", mode, n), func(b *testing.B) {
@@ -128,6 +114,20 @@ func BenchmarkPrivSpreadCPS(b *testing.B) {
 			})
 		}
 	}
+}
+
+// cpsWindow is the measuring window of the CPS benchmarks: XVS_CPS_WINDOW,
+// default 60 s.
+func cpsWindow(b *testing.B) time.Duration {
+	v := os.Getenv("XVS_CPS_WINDOW")
+	if v == "" {
+		return 60 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }
 
 func newBenchWorld(b *testing.B, extra ...string) *multiNode {

@@ -64,6 +64,14 @@ func logVerdicts(t *testing.T, w *multiNode) {
 	})
 }
 
+// clientCase is one client reaching one Service address.
+type clientCase struct {
+	name string
+	ns   *lab.NS
+	src  netip.Addr
+	dst  netip.AddrPort
+}
+
 // inBothModes runs a test once per netfilter mode, with the agents'
 // --netfilter-mode argument.
 func inBothModes(t *testing.T, test func(t *testing.T, agentArgs []string)) {
@@ -125,12 +133,7 @@ func TestPrivRealTrafficHalfClose(t *testing.T) { inBothModes(t, testRealTraffic
 
 func testRealTrafficHalfClose(t *testing.T, args []string) {
 	w := newMultiNodeWorldArgs(t, args)
-	for _, c := range []struct {
-		name string
-		ns   *lab.NS
-		src  netip.Addr
-		dst  netip.AddrPort
-	}{
+	for _, c := range []clientCase{
 		{"NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080)},
 		{"ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
 	} {
@@ -403,12 +406,7 @@ func testRealTrafficPathMTU(t *testing.T, args []string) {
 		return nil
 	})
 	logVerdicts(t, w)
-	for _, c := range []struct {
-		name string
-		ns   *lab.NS
-		src  netip.Addr
-		dst  netip.AddrPort
-	}{
+	for _, c := range []clientCase{
 		{"pod, ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
 		{"pod, NodePort (masqueraded)", w.PodA, mnPodA, netip.AddrPortFrom(mnNodeA, 30080)},
 		// Through node A's XDP fast path (its external interfaces).
@@ -520,12 +518,7 @@ func TestPrivRealTrafficICMPErrors(t *testing.T) {
 		return err
 	})
 	logVerdicts(t, w)
-	for _, c := range []struct {
-		name string
-		ns   *lab.NS
-		src  netip.Addr
-		dst  netip.AddrPort
-	}{
+	for _, c := range []clientCase{
 		{"pod, ClusterIP, remote endpoint", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.40:80")},
 		{"external client, masqueraded NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30083)},
 		{"external client, eTP=Local NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30084)},
