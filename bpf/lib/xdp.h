@@ -6,7 +6,8 @@
  * up with a mark in the XDP metadata, and tc ingress, seeing it, only
  * forwards them (a masqueraded packet must bypass the stack's input
  * routing). What XDP cannot do, it passes untouched to tc, which decides
- * again: fragments, REJECT replies, packets when metadata is unsupported. */
+ * again: fragments, REJECT replies, packets too big for the egress MTU,
+ * packets when metadata is unsupported. */
 #ifndef XVS_XDP_H
 #define XVS_XDP_H
 
@@ -142,6 +143,27 @@ static __always_inline bool xdp_rewrite(struct xdp_md *ctx, const struct xvs_pkt
 	return true;
 }
 
+/* Would the translated packet exceed the MTU of the device it routes to?
+ * XDP sees single frames (no GSO), so the packet's IP length is what
+ * crosses the link. Such a packet goes to tc untranslated: tc decides
+ * again (the flow exists now) and answers frag-needed quoting the header
+ * the client sent, which a packet XDP had rewritten no longer has. */
+static __noinline bool xdp_too_big(struct xdp_md *ctx, const struct xvs_pkt *p, const struct xvs_rewrite *rw)
+{
+	struct bpf_fib_lookup fib = {
+		.family = 2, /* AF_INET */
+		.l4_protocol = p->proto,
+		.sport = rw->sport,
+		.dport = rw->dport,
+		.tot_len = p->len,
+		.ifindex = p->ifindex,
+		.ipv4_src = addr_v4(rw->saddr),
+		.ipv4_dst = addr_v4(rw->daddr),
+	};
+
+	return bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_FRAG_NEEDED;
+}
+
 SEC("xdp")
 int xvs_xdp(struct xdp_md *ctx)
 {
@@ -164,6 +186,8 @@ int xvs_xdp(struct xdp_md *ctx)
 
 	switch (flow_process(ctx, &sc->pkt, &sc->res)) {
 	case XVS_ACT_NAT:
+		if (xdp_too_big(ctx, &sc->pkt, &sc->res.rw))
+			return XDP_PASS;
 		if (!xdp_rewrite(ctx, &sc->pkt, &sc->res.rw)) {
 			stats_verdict(XVS_V_DROP_REWRITE, len);
 			return XDP_DROP;
