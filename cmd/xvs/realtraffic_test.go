@@ -386,10 +386,11 @@ func testRealTrafficMultiHomed(t *testing.T, args []string) {
 // ClusterIP. Without the translated ICMP the upload stalls (a PMTU black
 // hole). In both netfilter modes. The external client through node A's
 // XDP interfaces moves the same data: XDP hands a frame too big for the
-// fabric to tc untranslated, and tc answers frag-needed (on 6.1 and 6.12
-// the XDP program sees the client's 1500-byte frames, ~10 frag-needed per
-// run; on 6.18 the client's segments reach it already under the fabric's
-// MTU, and the log shows none on that path).
+// fabric to tc untranslated, and tc answers frag-needed. Only the 6.12
+// guest's XDP program sees the client's 1500-byte frames (~10 frag-needed
+// per run; without that hand-off the bypass upload stalled there); on 6.1
+// and 6.18 the client's segments reach it already under the fabric's MTU
+// and the log shows no frag-needed on that path.
 func TestPrivRealTrafficPathMTU(t *testing.T) { inBothModes(t, testRealTrafficPathMTU) }
 
 func testRealTrafficPathMTU(t *testing.T, args []string) {
