@@ -42,6 +42,13 @@ type env struct {
 
 func newEnv(t testing.TB, cfg loader.Config) *env {
 	t.Helper()
+	return newEnvMaps(t, cfg, maps.Config{})
+}
+
+// newEnvMaps is newEnv with the datapath's settings (mc; its sizes come
+// from cfg).
+func newEnvMaps(t testing.TB, cfg loader.Config, mc maps.Config) *env {
+	t.Helper()
 	requirePrivilege(t)
 	if err := loader.EnsureBPFFS("/sys/fs/bpf"); err != nil {
 		t.Fatal(err)
@@ -54,7 +61,8 @@ func newEnv(t testing.TB, cfg loader.Config) *env {
 	}
 	t.Cleanup(func() { objs.Close() })
 	m := maps.FromObjects(objs)
-	dp, err := maps.NewDatapath(m, maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	mc.MaxServices, mc.MaxBackends = cfg.MaxServices, cfg.MaxBackends
+	dp, err := maps.NewDatapath(m, mc)
 	if err != nil {
 		t.Fatal(err)
 	}

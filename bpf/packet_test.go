@@ -2,7 +2,9 @@ package bpf_test
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -287,30 +290,46 @@ func TestPrivPacketTCPStates(t *testing.T) {
 	}
 }
 
-// TestPrivPacketReplyEntryClash: two frontends that pick the same pod for
-// one client port would need the same reply entry; the second flow gets
-// another source port (as netfilter resolves the clash) instead of
-// overwriting the first one's way back.
+// TestPrivPacketReplyEntryClash: frontends that pick the same pod for one
+// client port would need the same reply entry; each later flow gets
+// another source port of the client (as netfilter resolves the clash)
+// instead of overwriting the first one's way back. Those ports come from
+// the clash range (1024-65535, the node's ephemeral range out), not the
+// masquerade range, here a single port, which the first remap would have
+// used up.
 func TestPrivPacketReplyEntryClash(t *testing.T) {
-	e := newEnv(t, loader.DefaultConfig())
-	vip2 := netip.MustParseAddr("172.30.0.11")
-	e.sync(t, clusterIPService("a", vip, 80, model.UDP, backend1), clusterIPService("b", vip2, 80, model.UDP, backend1))
-	q := l4{proto: model.UDP, sport: 5000, dport: 80, payload: []byte("q")}
-	_, out := e.run(t, packet(t, client, vip, q))
-	first := decode(t, out)
-	_, out = e.run(t, packet(t, client, vip2, q))
-	second := decode(t, out)
-	if first.src != netip.AddrPortFrom(client, 5000) || second.src.Addr() != client || second.src.Port() == 5000 {
-		t.Fatalf("sources %s and %s: want the client's port, then another port of the client", first.src, second.src)
+	e := newEnvMaps(t, loader.DefaultConfig(), maps.Config{SNATPortMin: 61000, SNATPortMax: 61000})
+	ephLo, ephHi, err := maps.EphemeralPorts()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		to   netip.AddrPort
-		from netip.AddrPort
-	}{{first.src, netip.AddrPortFrom(vip, 80)}, {second.src, netip.AddrPortFrom(vip2, 80)}} {
-		_, out := e.run(t, packet(t, backend1.Addr(), client, l4{proto: model.UDP, sport: 8080, dport: c.to.Port(), payload: []byte("a")}))
+	vips := []netip.Addr{vip, netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("172.30.0.12")}
+	var sps []*model.ServicePort
+	for i, v := range vips {
+		sps = append(sps, clusterIPService(fmt.Sprintf("s%d", i), v, 80, model.UDP, backend1))
+	}
+	e.sync(t, sps...)
+	q := l4{proto: model.UDP, sport: 5000, dport: 80, payload: []byte("q")}
+	var srcs []netip.AddrPort
+	for i, v := range vips {
+		_, out := e.run(t, packet(t, client, v, q))
 		d := decode(t, out)
-		if d.src != c.from || d.dst != netip.AddrPortFrom(client, 5000) || !d.checksumsOK {
-			t.Fatalf("reply to %s: %s -> %s, want %s -> client:5000", c.to, d.src, d.dst, c.from)
+		if i == 0 && d.src != netip.AddrPortFrom(client, 5000) {
+			t.Fatalf("first flow from %s, want the client's own port", d.src)
+		}
+		if i > 0 {
+			p := d.src.Port()
+			if d.src.Addr() != client || p < 1024 || p == 61000 || (p >= ephLo && p <= ephHi) || slices.Contains(srcs, d.src) {
+				t.Fatalf("flow %d from %s: want another port of the client, 1024-65535 outside %d-%d, not %v", i, d.src, ephLo, ephHi, srcs)
+			}
+		}
+		srcs = append(srcs, d.src)
+	}
+	for i, to := range srcs {
+		_, out := e.run(t, packet(t, backend1.Addr(), client, l4{proto: model.UDP, sport: 8080, dport: to.Port(), payload: []byte("a")}))
+		d := decode(t, out)
+		if d.src != netip.AddrPortFrom(vips[i], 80) || d.dst != netip.AddrPortFrom(client, 5000) || !d.checksumsOK {
+			t.Fatalf("reply to %s: %s -> %s, want %s -> client:5000", to, d.src, d.dst, vips[i])
 		}
 	}
 }

@@ -27,6 +27,7 @@ type (
 	Conns     = XvsXvsConnCounts
 	CtState   = XvsXvsCtState
 	IfAddrs   = XvsXvsIfAddrs
+	PortRange = XvsXvsPortRange
 )
 
 const (

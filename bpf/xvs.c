@@ -405,6 +405,7 @@ const enum xvs_backend_flags *_unused_backend_flags __attribute__((unused));
 const enum xvs_scope *_unused_scope __attribute__((unused));
 const enum xvs_svc_flags *_unused_svc_flags __attribute__((unused));
 const enum xvs_config_flags *_unused_config_flags __attribute__((unused));
+const enum xvs_port_ranges *_unused_port_ranges __attribute__((unused));
 const struct xvs_sched_key *_unused_sched_key __attribute__((unused));
 const struct xvs_affinity_key *_unused_affinity_key __attribute__((unused));
 const struct xvs_affinity_value *_unused_affinity_value __attribute__((unused));

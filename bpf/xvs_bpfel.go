@@ -101,11 +101,8 @@ type XvsXvsConfig struct {
 	SnatAddr4   [16]uint8
 	SnatAddr6   [16]uint8
 	Flags       uint32
-	SnatPortMin uint16
-	SnatPortMax uint16
-	SnatSkipMin uint16
-	SnatSkipMax uint16
 	MasqMark    uint32
+	Ports       [2]XvsXvsPortRange
 	NetnsCookie uint64
 }
 
@@ -156,6 +153,7 @@ const (
 	XvsXvsCtFlagsXVS_CT_F_LAST_FIN_REPLY XvsXvsCtFlags = 1024
 	XvsXvsCtFlagsXVS_CT_F_NETFILTER      XvsXvsCtFlags = 2048
 	XvsXvsCtFlagsXVS_CT_F_NF_MASQ        XvsXvsCtFlags = 4096
+	XvsXvsCtFlagsXVS_CT_F_CLASH          XvsXvsCtFlags = 8192
 )
 
 type XvsXvsCtKey struct {
@@ -236,6 +234,22 @@ type XvsXvsMemberKey struct {
 	Scope     uint8
 	Pad       [3]uint8
 }
+
+type XvsXvsPortRange struct {
+	_       structs.HostLayout
+	Min     uint16
+	Span    uint16
+	SkipMin uint16
+	SkipLen uint16
+}
+
+type XvsXvsPortRanges uint32
+
+const (
+	XvsXvsPortRangesXVS_PORTS_MASQ  XvsXvsPortRanges = 0
+	XvsXvsPortRangesXVS_PORTS_CLASH XvsXvsPortRanges = 1
+	XvsXvsPortRangesXVS_PORTS_N     XvsXvsPortRanges = 2
+)
 
 type XvsXvsSched uint32
 
@@ -417,6 +431,7 @@ const (
 	XvsVarUnusedKind           = "_unused_kind"
 	XvsVarUnusedLpmKey         = "_unused_lpm_key"
 	XvsVarUnusedMemberKey      = "_unused_member_key"
+	XvsVarUnusedPortRanges     = "_unused_port_ranges"
 	XvsVarUnusedSched          = "_unused_sched"
 	XvsVarUnusedSchedKey       = "_unused_sched_key"
 	XvsVarUnusedScope          = "_unused_scope"
@@ -542,6 +557,7 @@ type XvsVariableSpecs struct {
 	UnusedKind           *ebpf.VariableSpec `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.VariableSpec `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.VariableSpec `ebpf:"_unused_member_key"`
+	UnusedPortRanges     *ebpf.VariableSpec `ebpf:"_unused_port_ranges"`
 	UnusedSched          *ebpf.VariableSpec `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.VariableSpec `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.VariableSpec `ebpf:"_unused_scope"`
@@ -654,6 +670,7 @@ type XvsVariables struct {
 	UnusedKind           *ebpf.Variable `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.Variable `ebpf:"_unused_lpm_key"`
 	UnusedMemberKey      *ebpf.Variable `ebpf:"_unused_member_key"`
+	UnusedPortRanges     *ebpf.Variable `ebpf:"_unused_port_ranges"`
 	UnusedSched          *ebpf.Variable `ebpf:"_unused_sched"`
 	UnusedSchedKey       *ebpf.Variable `ebpf:"_unused_sched_key"`
 	UnusedScope          *ebpf.Variable `ebpf:"_unused_scope"`

@@ -88,7 +88,7 @@ type Datapath struct {
 	node                     nodeState
 	nodeAddrs                []netip.Addr
 	snatPortMin, snatPortMax uint16
-	snatSkipMin, snatSkipMax uint16
+	ephLo, ephHi             uint16 // the node's ephemeral ports, which masquerade skips
 	masqAddrs                []netip.Addr
 	nfMark                   uint32
 	// ctEntries are the live entries of the conntrack tables
@@ -168,11 +168,10 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 	if d.snatPortMin == 0 || d.snatPortMax < d.snatPortMin {
 		return nil, fmt.Errorf("masquerade port range %d-%d is empty", d.snatPortMin, d.snatPortMax)
 	}
-	ephLo, ephHi, err := EphemeralPorts()
-	if err != nil {
+	var err error
+	if d.ephLo, d.ephHi, err = EphemeralPorts(); err != nil {
 		return nil, fmt.Errorf("masquerade ports: %w", err)
 	}
-	d.snatSkipMin, d.snatSkipMax = snatSkip(d.snatPortMin, d.snatPortMax, ephLo, ephHi)
 	if d.maglevSize == 0 {
 		d.maglevSize = DefaultMaglevSize
 	}

@@ -67,8 +67,8 @@ func cidrKeys(ps []netip.Prefix) map[xbpf.LPMKey]bool {
 // syncNode writes the node settings and the CIDR sets when they changed.
 func (d *Datapath) syncNode(st *model.State) error {
 	want := xbpf.NodeConf{
-		SnatPortMin: d.snatPortMin, SnatPortMax: d.snatPortMax,
-		SnatSkipMin: d.snatSkipMin, SnatSkipMax: d.snatSkipMax, NetnsCookie: d.netnsCookie,
+		NetnsCookie: d.netnsCookie,
+		Ports:       portRanges(d.snatPortMin, d.snatPortMax, d.ephLo, d.ephHi),
 	}
 	for _, a := range append(slices.Clone(d.masqAddrs), st.Node.Addresses...) {
 		a = a.Unmap()

@@ -260,28 +260,14 @@ static __noinline bool flow_port_in_use(void *ctx, const struct xvs_ct_key *rk)
 	return true;
 }
 
-/* The i-th port of the masquerade range, the node's ephemeral range
- * (where its own sockets take ports) left out. */
-static __always_inline __u16 snat_port_at(const struct xvs_config *cfg, __u32 i)
+/* The i-th port of a range (i below its span). */
+static __always_inline __u16 snat_port_at(const struct xvs_port_range *r, __u32 i)
 {
-	__u32 port = cfg->snat_port_min + i;
+	__u32 port = r->min + i;
 
-	if (cfg->snat_skip_max >= cfg->snat_skip_min && cfg->snat_skip_min && port >= cfg->snat_skip_min)
-		port += cfg->snat_skip_max - cfg->snat_skip_min + 1;
+	if (r->skip_len && port >= r->skip_min)
+		port += r->skip_len;
 	return (__u16)port;
-}
-
-static __always_inline __u32 snat_span(const struct xvs_config *cfg)
-{
-	__u32 lo = cfg->snat_port_min, hi = cfg->snat_port_max, span;
-
-	if (lo == 0 || hi < lo)
-		return 0;
-	span = hi - lo + 1;
-	if (cfg->snat_skip_min && cfg->snat_skip_max >= cfg->snat_skip_min && cfg->snat_skip_min >= lo &&
-	    cfg->snat_skip_max <= hi)
-		span -= cfg->snat_skip_max - cfg->snat_skip_min + 1;
-	return span;
 }
 
 /* A search for a masquerade port (see flow_snat_port), one try per
@@ -289,13 +275,13 @@ static __always_inline __u32 snat_span(const struct xvs_config *cfg)
  * try. */
 struct snat_search {
 	void *ctx;
-	const struct xvs_config *cfg;
+	const struct xvs_port_range *range;
 	const __u8 *src;
 	const __u8 *be_addr;
 	struct xvs_ct_entry *rev;
 	__u64 now;
 	__u32 start;
-	__u32 span;
+	__u32 search; /* 0: prefer only */
 	__be16 be_port;
 	__be16 prefer;
 	__be16 found;
@@ -315,9 +301,11 @@ static long snat_try(__u32 i, void *data)
 			return 0;
 		port = s->prefer;
 	} else {
-		if (!s->span)
+		__u32 span = s->range->span;
+
+		if (!s->search || !span)
 			return 1;
-		port = bpf_htons(snat_port_at(s->cfg, (s->start + i) % s->span));
+		port = bpf_htons(snat_port_at(s->range, (s->start + i) % span));
 	}
 	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
@@ -338,24 +326,27 @@ static long snat_try(__u32 i, void *data)
 }
 
 /* Take a source port of src towards the backend for a masqueraded (or
- * port-clashing) flow: insert its reply entry rev under a port no live
- * flow and no local socket holds. prefer (when nonzero) is tried first: the
- * port the previous flow of this client tuple had, so that a reused client
- * port recycles its mapping as netfilter's does. Returns the port, or 0
- * when none is free. */
+ * port-clashing: XVS_CT_F_CLASH in rev) flow: insert its reply entry rev
+ * under a port no live flow and no local socket holds, from the masquerade
+ * range or the clash range. prefer (when nonzero) is tried first: the port
+ * the previous flow of this client tuple had, so that a reused client port
+ * recycles its mapping as netfilter's does. Returns the port, or 0 when
+ * none is free. */
 static __always_inline __be16 flow_snat_port(void *ctx, const struct xvs_config *cfg, const __u8 *src,
 					     const __u8 *be_addr, __be16 be_port, __u8 proto, __u8 family,
 					     struct xvs_ct_entry *rev, __be16 prefer, __u64 now)
 {
 	struct snat_search s = {
 		.ctx = ctx,
-		.cfg = cfg,
+		/* The range by index, not by a branch: both ways stay one
+		 * state for the verifier. */
+		.range = &cfg->ports[(rev->flags / XVS_CT_F_CLASH) & 1],
 		.src = src,
 		.be_addr = be_addr,
 		.rev = rev,
 		.now = now,
 		.start = bpf_get_prandom_u32(),
-		.span = snat_span(cfg),
+		.search = 1,
 		.be_port = be_port,
 		.prefer = prefer,
 		.proto = proto,
@@ -366,7 +357,7 @@ static __always_inline __be16 flow_snat_port(void *ctx, const struct xvs_config 
 		/* A new SCTP port would need the CRC32c recomputed: keep the
 		 * client's own port, and give up if it is taken. */
 		s.prefer = rev->snat_port;
-		s.span = 0;
+		s.search = 0;
 	}
 	bpf_loop(SNAT_TRIES + 1, snat_try, &s, 0);
 	return s.found;
@@ -621,6 +612,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 			 * another source port. */
 			node = p->saddr;
 			snat = true;
+			e->flags |= XVS_CT_F_CLASH;
 		} else {
 			bpf_map_update_elem(&xvs_ct_unreplied, &ck, e, BPF_ANY);
 		}

@@ -166,6 +166,11 @@ enum xvs_ct_flags {
 	/* netfilter masquerades the flow: its forward packets carry the
 	 * masquerade mark (xvs_config.masq_mark) into POSTROUTING. */
 	XVS_CT_F_NF_MASQ = 1 << 12,
+	/* (Reply entry) the flow's source port was remapped, its address
+	 * kept: another live flow of the client's tuple already held the
+	 * reply tuple (a port reused towards another frontend of the same
+	 * backend). */
+	XVS_CT_F_CLASH = 1 << 13,
 };
 
 /* TCP connection states, as netfilter names them (conntrack -L); UDP and
@@ -228,6 +233,27 @@ enum xvs_config_flags {
 	XVS_CFG_NETFILTER = 1 << 3,
 };
 
+/* Source ports a new flow may take: span ports from min, stepping over
+ * skip_len ports from skip_min (the node's ephemeral range,
+ * net.ipv4.ip_local_port_range, where local sockets pick theirs; 0 skips
+ * nothing). The agent computes span; 0 leaves no port to take. */
+struct xvs_port_range {
+	__u16 min;
+	__u16 span;
+	__u16 skip_min;
+	__u16 skip_len;
+};
+
+enum xvs_port_ranges {
+	/* Masquerade: ports of the node's address. */
+	XVS_PORTS_MASQ = 0,
+	/* Clash remaps (XVS_CT_F_CLASH), the client's address kept:
+	 * netfilter's range for a source manip without one of its own,
+	 * 1024-65535. */
+	XVS_PORTS_CLASH = 1,
+	XVS_PORTS_N,
+};
+
 /* Node-wide settings the agent writes to xvs_node_config[0]. */
 struct xvs_config {
 	/* The address masqueraded connections leave from (the node's
@@ -236,16 +262,11 @@ struct xvs_config {
 	__u8 snat_addr6[16];
 	/* enum xvs_config_flags. */
 	__u32 flags;
-	/* Masquerade source ports, inclusive, minus skip_min..skip_max (the
-	 * node's ephemeral range, net.ipv4.ip_local_port_range, where local
-	 * sockets pick their ports; 0..0 skips nothing). */
-	__u16 snat_port_min;
-	__u16 snat_port_max;
-	__u16 snat_skip_min;
-	__u16 snat_skip_max;
 	/* Netfilter mode: the packet mark bit the node's POSTROUTING
 	 * masquerades by (kube-proxy's 0x4000). */
 	__u32 masq_mark;
+	/* enum xvs_port_ranges. */
+	struct xvs_port_range ports[XVS_PORTS_N];
 	/* The agent's network namespace: the socket-level load balancer
 	 * only serves processes of the node itself (pods have their own
 	 * namespaces and go through tc). */
