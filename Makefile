@@ -99,7 +99,7 @@ conformance-vm-ipvs: build
 	./hack/vm/vm.sh run $(KERNEL) --timeout 1500 -- './$(BIN) conformance run $(CORPUS) --mode ipvs --json bin/conformance-ipvs-vm$(KERNEL).json'
 
 conformance-report: build
-	./$(BIN) conformance report -o docs/CONFORMANCE.md $(wildcard bin/conformance-*.json)
+	./$(BIN) conformance report -semantics docs/semantics.md -o docs/CONFORMANCE.md $(wildcard bin/conformance-*.json)
 
 demo: deps build
 	./$(BIN) demo

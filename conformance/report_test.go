@@ -21,7 +21,7 @@ func TestReport(t *testing.T) {
 	md := string(Report([]*Results{ebpf, ipvs}, "", nil))
 	for _, want := range []string{
 		"| 3.2 ClusterIP | 1/2 (3/4) | 0/0 (0/0) |",
-		"| 3.10 Endpoint conditions (terminating fallback) | 1/1 (2/2) ✅ | 0/0 (0/0) |",
+		"| 3.10 Ready, serving, terminating | 1/1 (2/2) ✅ | 0/0 (0/0) |",
 		"| (no section named) | 0/1 (0/0) | 0/0 (0/0) |",
 		"| b | 3.2 | fail 1/2 | — |",
 		"| a | 3.10, 3.2 | pass 2/2 | skip |",
@@ -29,7 +29,7 @@ func TestReport(t *testing.T) {
 		`| c | (malformed) | | unknown field "x" |`,
 		"| agent /healthz | 0/1 | 0/0 |",
 		"| agent /livez | 1/1 ✅ | 0/0 |",
-		"| 3.20 Health endpoints | 0/1 (2/3) | 0/0 (0/0) |",
+		"| 3.20 The proxy's own endpoints | 0/1 (2/3) | 0/0 (0/0) |",
 		"| 3.5 LoadBalancer ingress IPs | 1/1 (1/1) ✅ | 0/0 (0/0) |", // its failing check is 3.21's
 		"| agent /metrics sync | 0/1 | 0/0 |",
 		"ebpf @ 6.12", "ipvs @ 6.1",

@@ -42,7 +42,7 @@ type Scenario struct {
 
 	// File is the path the scenario was read from.
 	File string `json:"-"`
-	// Sections are the SEMANTICS.md sections the description names
+	// Sections are the docs/semantics.md sections the description names
 	// ("SEMANTICS 3.4, 3.8: ..."), in order of appearance.
 	Sections []string `json:"-"`
 

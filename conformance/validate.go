@@ -18,7 +18,7 @@ var (
 	sectionNum  = regexp.MustCompile(`\d+\.\d+`)
 )
 
-// SectionsOf extracts the SEMANTICS.md section numbers a description names.
+// SectionsOf extracts the docs/semantics.md section numbers a description names.
 func SectionsOf(desc string) []string {
 	var out []string
 	for _, m := range sectionHead.FindAllStringSubmatch(desc, -1) {

@@ -408,7 +408,7 @@ func TestInformerStartCancelled(t *testing.T) {
 	}
 }
 
-// TestInformerEndpointSelection runs SEMANTICS.md 3.10/3.11 through the
+// TestInformerEndpointSelection runs docs/semantics.md §3.10/3.11 through the
 // API path: conditions and topology hints written as the EndpointSlice
 // controller writes them pick the endpoints the table tests pick, and the
 // Node's zone label (from the Node informer) switches hints on.

@@ -1,6 +1,6 @@
 // Package controller turns Kubernetes objects (Services, EndpointSlices and
 // this node's Node) into the backend-neutral model.State, following
-// kube-proxy's semantics (docs: /work/shared/SEMANTICS.md §3.1-3.12).
+// kube-proxy's semantics (docs/semantics.md §3.1-3.12).
 //
 // It has three parts:
 //

@@ -25,7 +25,7 @@ type Service struct {
 	LocalEndpoints int
 }
 
-// ServiceHealth runs the healthCheckNodePort servers (SEMANTICS.md 3.8).
+// ServiceHealth runs the healthCheckNodePort servers (docs/semantics.md §3.8).
 type ServiceHealth struct {
 	// healthy is the proxy's own health (ProxyHealth.IsHealthy): a stale
 	// proxy answers 503 everywhere so that load balancers move away.

@@ -28,7 +28,7 @@ const (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// kube-proxy's (SEMANTICS.md 3.21).
+	// kube-proxy's (docs/semantics.md §3.21).
 	SyncProxyRulesLatency             *prometheus.HistogramVec
 	SyncFullProxyRulesLatency         *prometheus.HistogramVec
 	SyncPartialProxyRulesLatency      *prometheus.HistogramVec

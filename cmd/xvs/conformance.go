@@ -128,7 +128,7 @@ func writeJSON(f *os.File, v any) error {
 func conformanceReport(args []string) error {
 	fs := flag.NewFlagSet("conformance report", flag.ContinueOnError)
 	out := fs.String("o", "docs/CONFORMANCE.md", "output file (- for stdout)")
-	semantics := fs.String("semantics", "", "SEMANTICS.md, to list sections the corpus does not cover (optional)")
+	semantics := fs.String("semantics", "", "the semantics document (docs/semantics.md), to list sections the corpus does not cover (optional)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
