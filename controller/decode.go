@@ -161,6 +161,7 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 	// Tracker take an edited manifest for a no-op: it is meaningless here.
 	m.SetResourceVersion("")
 	key := objectKey{kind: kind, NamespacedName: nameOf(m)}
+	applyAPIDefaults(obj)
 	cached, _ := TrimObject(obj) // never fails
 	d.objs = append(d.objs, manifestObject{key: key, file: d.file, doc: d.doc, obj: cached})
 	return objectString(key)
