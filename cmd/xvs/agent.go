@@ -175,7 +175,7 @@ func conntrackFromConfig(m *modeFlags, o *config.Options) {
 // cleanupAll is --cleanup: remove both modes' state and exit, as
 // kube-proxy --cleanup removes every mode's rules.
 func cleanupAll(log *slog.Logger, f *agentFlags) error {
-	err := loader.Cleanup(f.pinPath)
+	err := cleanupPins(f.pinPath)
 	icfg, cerr := f.mode.ipvsConfig("", log)
 	if cerr == nil && ipvs.HasState(icfg) {
 		err = errors.Join(err, ipvs.Cleanup(icfg))

@@ -59,6 +59,7 @@ type modeFlags struct {
 	netfilter  string
 	masqAddrs  string
 	maglevSize uint
+	lockWait   time.Duration
 	mapSizes   loader.Config // the Max* and ConntrackSize fields
 	timeouts   loader.CTTimeouts
 }
@@ -81,6 +82,7 @@ func (f *modeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.masqPorts, "masquerade-port-range", "", fmt.Sprintf("ebpf mode: source ports of masqueraded connections (default: %d-%d with --netfilter-mode=pass, where they must not hold a NodePort; %d-%d with bypass, where the node's ephemeral range, net.ipv4.ip_local_port_range, is skipped)", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax, maps.DefaultSNATPortMin, maps.DefaultSNATPortMax))
 	fs.StringVar(&f.netfilter, "netfilter-mode", netfilterPass, "ebpf mode: pass (Service traffic, once translated, goes through the node's routing and netfilter FORWARD/INPUT/POSTROUTING hooks, and netfilter masquerades it by kube-proxy's mark 0x4000) or bypass (the programs forward and masquerade it themselves, past netfilter: faster, but the node's firewall and NetworkPolicy rules never see it); see docs/nodes.md")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
+	fs.DurationVar(&f.lockWait, "pin-lock-wait", 60*time.Second, "ebpf mode: how long a starting agent waits for another process holding the --pin-path lock (an agent still exiting) before it gives up; one agent per pin path")
 	def := loader.DefaultConfig()
 	f.mapSizes = def
 	fs.Func("bpf-max-services", fmt.Sprintf("ebpf mode: most frontends (Service address:port:protocol), sizing the per-frontend maps (default %d)", def.MaxServices), uint32Flag(&f.mapSizes.MaxServices))
@@ -304,6 +306,20 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	lcfg.PinPath = f.pinPath
 	lcfg.DisableRevNAT = f.disableRevNATDbg
 	lcfg.Timeouts = f.mode.timeouts
+	// One agent per set of maps: a second one (a manual run, an
+	// overlapping canary) would allocate IDs over the first one's.
+	lock, err := loader.LockPinPath(f.pinPath, f.mode.lockWait, func(holder int) {
+		slog.Warn("waiting for the process holding the pin path to exit", "pinPath", f.pinPath, "pid", holder, "wait", f.mode.lockWait)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("another xvs agent uses this --pin-path: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
 	objs, err := loader.Load(lcfg)
 	if err != nil {
 		return nil, err
@@ -364,7 +380,8 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 		dp.RunReaper(ctx, 10*time.Second, func(err error) { slog.Warn("conntrack reaper", "err", err) })
 	}()
 	// The reaper must be done with the maps before they are closed.
-	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); <-reaped; objs.Close() }}, nil
+	ok = true
+	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); <-reaped; objs.Close(); lock.Close() }}, nil
 }
 
 func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapath, error) {
@@ -374,7 +391,7 @@ func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapat
 	}
 	if _, err := os.Stat(f.pinPath); err == nil {
 		log.Info("removing the BPF datapath's programs, links and maps: running with IPVS", "pinPath", f.pinPath)
-		if err := loader.Cleanup(f.pinPath); err != nil {
+		if err := cleanupPins(f.pinPath); err != nil {
 			dp.Close()
 			return nil, fmt.Errorf("remove the BPF datapath under %s: %w", f.pinPath, err)
 		}
@@ -462,4 +479,19 @@ func parseAddrList(s string) ([]netip.Addr, error) {
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// cleanupPins removes the BPF datapath under pinPath, unless an agent is
+// using it (it holds the pin path's lock): pulling the maps from under a
+// running agent would leave it writing to nothing.
+func cleanupPins(pinPath string) error {
+	if _, err := os.Stat(pinPath); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	lock, err := loader.LockPinPath(pinPath, 0, nil)
+	if err != nil {
+		return fmt.Errorf("not removing the BPF datapath: %w; stop that agent first", err)
+	}
+	defer lock.Close()
+	return loader.Cleanup(pinPath)
 }

@@ -142,7 +142,7 @@ func runCleanup(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	err := loader.Cleanup(*pinPath)
+	err := cleanupPins(*pinPath)
 	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
 	if icfg, _ := lm.ipvsConfig("", newLogger(0)); ipvs.HasState(icfg) {
 		err = errors.Join(err, ipvs.Cleanup(icfg))
