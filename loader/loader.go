@@ -117,9 +117,10 @@ var lazyPrograms = []string{"xvs_tc_ingress_l3", "xvs_tc_egress_l3"}
 
 // Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so
 // that services, backends and conntrack survive agent restarts and program
-// upgrades. A pinned map whose layout no longer matches is an error: the
-// operator decides (xvs cleanup) rather than the agent silently dropping
-// every connection.
+// upgrades. A pinned map in an old layout this build knows is converted
+// (migrate.go); one whose layout no longer matches otherwise is an error:
+// the operator decides (xvs cleanup) rather than the agent silently
+// dropping every connection.
 func Load(cfg Config) (*Objects, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("loader config: %w", err)
@@ -170,6 +171,10 @@ func Load(cfg Config) (*Objects, error) {
 		}
 	}
 
+	pending, err := prepareMigrations(cfg.PinPath, spec)
+	if err != nil {
+		return nil, fmt.Errorf("migrate pinned maps: %w", err)
+	}
 	objs := Objects{spec: spec, opts: ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}}
 	if err := objs.loadEager(); err != nil {
 		var verr *ebpf.VerifierError
@@ -182,6 +187,12 @@ func Load(cfg Config) (*Objects, error) {
 		return nil, fmt.Errorf("load objects: %w", err)
 	}
 	objs.cfg = cfg
+	for _, p := range pending {
+		if err := p.apply(&objs); err != nil {
+			objs.Close()
+			return nil, err
+		}
+	}
 	if err := objs.pinProgram(); err != nil {
 		objs.Close()
 		return nil, err

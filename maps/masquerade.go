@@ -26,46 +26,6 @@ const (
 	DefaultSNATPortMax = 65535
 )
 
-// The source ports of a clash remap: a flow whose reply tuple a live flow
-// of another frontend already holds (a client port reused towards two
-// Services of one backend) keeps its client's address and gets another
-// port, as netfilter resolves the clash, from netfilter's range for a
-// source manip without its own (the masquerade range is for the node's
-// address; in netfilter mode it is 32768-65535, which leaves 4,536 ports
-// once the ephemeral range is out). The ephemeral range is skipped here
-// too: the client may be the node itself.
-const (
-	ClashPortMin = 1024
-	ClashPortMax = 65535
-)
-
-// portRange is lo-hi for the datapath (snat_port_at): its size once the
-// skip skipLo-skipHi (0-0: none), clipped to it, is stepped over; a skip
-// that would leave nothing skips nothing (the datapath still asks the
-// socket tables).
-func portRange(lo, hi, skipLo, skipHi uint16) xbpf.PortRange {
-	if lo == 0 || hi < lo {
-		return xbpf.PortRange{}
-	}
-	r := xbpf.PortRange{Min: lo, Span: uint16(uint32(hi) - uint32(lo) + 1)}
-	if skipLo, skipHi = max(skipLo, lo), min(skipHi, hi); skipLo == 0 || skipHi < skipLo || (skipLo == lo && skipHi == hi) {
-		return r
-	}
-	r.SkipMin, r.SkipLen = skipLo, skipHi-skipLo+1
-	r.Span -= r.SkipLen
-	return r
-}
-
-// portRanges is the datapath's port ranges (enum xvs_port_ranges): the
-// masquerade range min-max and the clash range, each with the node's
-// ephemeral range ephLo-ephHi stepped over.
-func portRanges(min, max, ephLo, ephHi uint16) [2]xbpf.PortRange {
-	return [2]xbpf.PortRange{
-		xbpf.XvsXvsPortRangesXVS_PORTS_MASQ:  portRange(min, max, ephLo, ephHi),
-		xbpf.XvsXvsPortRangesXVS_PORTS_CLASH: portRange(ClashPortMin, ClashPortMax, ephLo, ephHi),
-	}
-}
-
 // EphemeralPorts reads the range local sockets take ports from in the
 // calling thread's network namespace.
 func EphemeralPorts() (lo, hi uint16, err error) {

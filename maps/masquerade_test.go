@@ -33,7 +33,7 @@ func TestPortRange(t *testing.T) {
 		{1, 65535, 1, 1},
 		{5000, 4000, 0, 0},
 	} {
-		r := portRange(c.lo, c.hi, c.skipLo, c.skipHi)
+		r := xbpf.NewPortRange(c.lo, c.hi, c.skipLo, c.skipHi)
 		skipAll := max(c.skipLo, c.lo) <= c.lo && min(c.skipHi, c.hi) >= c.hi
 		want := map[uint16]bool{}
 		for p := uint32(c.lo); c.lo <= c.hi && p <= uint32(c.hi); p++ {
@@ -53,7 +53,7 @@ func TestPortRange(t *testing.T) {
 			t.Fatalf("%+v: %+v reaches %d ports, want %d", c, r, len(seen), len(want))
 		}
 	}
-	clash := portRanges(32768, 65535, 32768, 60999)[xbpf.XvsXvsPortRangesXVS_PORTS_CLASH]
+	clash := xbpf.PortRanges(32768, 65535, 32768, 60999)[xbpf.XvsXvsPortRangesXVS_PORTS_CLASH]
 	if clash.Span != 65535-1024+1-(60999-32768+1) {
 		t.Fatalf("clash range %+v: want 1024-65535 without 32768-60999", clash)
 	}

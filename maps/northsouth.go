@@ -68,7 +68,7 @@ func cidrKeys(ps []netip.Prefix) map[xbpf.LPMKey]bool {
 func (d *Datapath) syncNode(st *model.State) error {
 	want := xbpf.NodeConf{
 		NetnsCookie: d.netnsCookie,
-		Ports:       portRanges(d.snatPortMin, d.snatPortMax, d.ephLo, d.ephHi),
+		Ports:       xbpf.PortRanges(d.snatPortMin, d.snatPortMax, d.ephLo, d.ephHi),
 	}
 	for _, a := range append(slices.Clone(d.masqAddrs), st.Node.Addresses...) {
 		a = a.Unmap()
