@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Problem describes input that was skipped or only partly used: a bad
@@ -57,4 +59,22 @@ func sortProblems(ps []Problem) {
 			cmp.Compare(a.Reason, b.Reason),
 		)
 	})
+}
+
+// maxQuoted is how much of a tenant's text (an annotation, a field value)
+// a Problem quotes: enough to recognise it, never enough to carry a
+// 256 KB annotation into every node's logs and Events.
+const maxQuoted = 64
+
+// quoteInput quotes s for a Problem's reason, cut to maxQuoted bytes
+// (at a rune boundary) with its full length said.
+func quoteInput(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
 }

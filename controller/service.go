@@ -34,7 +34,7 @@ func (e *env) parseService(svc *v1.Service) (*svcInfo, []Problem) {
 		if KnownScheduler(s) {
 			info.scheduler = s
 		} else {
-			report("annotation %s: unknown scheduler %q: using %q", AnnotationScheduler, s, e.cfg.Scheduler)
+			report("annotation %s: unknown scheduler %s: using %q", AnnotationScheduler, quoteInput(s), e.cfg.Scheduler)
 		}
 	}
 	if w, ok := svc.Annotations[AnnotationWeights]; ok {
@@ -124,7 +124,7 @@ func (info *svcInfo) parseExternalAddrs(svc *v1.Service, report reportFunc) {
 	for _, s := range svc.Spec.LoadBalancerSourceRanges {
 		p, err := trimmedPrefix(s)
 		if err != nil {
-			report("loadBalancerSourceRanges: %q is not a CIDR: LoadBalancer IPs not served", s)
+			report("loadBalancerSourceRanges: %s is not a CIDR: LoadBalancer IPs not served", quoteInput(s))
 			info.lbWithheld = true
 			continue
 		}
@@ -154,7 +154,7 @@ func affinity(svc *v1.Service) (model.Affinity, string) {
 		return model.Affinity{}, ""
 	case v1.ServiceAffinityClientIP:
 	default:
-		return model.Affinity{}, fmt.Sprintf("unknown sessionAffinity %q: no affinity", svc.Spec.SessionAffinity)
+		return model.Affinity{}, fmt.Sprintf("unknown sessionAffinity %s: no affinity", quoteInput(string(svc.Spec.SessionAffinity)))
 	}
 	a := model.Affinity{ClientIP: true, TimeoutSeconds: defaultAffinityTimeout}
 	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
@@ -172,6 +172,7 @@ func affinity(svc *v1.Service) (model.Affinity, string) {
 func parseWeights(s string) (map[string]uint16, []string) {
 	out := map[string]uint16{}
 	var reasons []string
+	bad := 0
 	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
@@ -181,10 +182,16 @@ func parseWeights(s string) (map[string]uint16, []string) {
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
 		w, err := strconv.ParseUint(v, 10, 16)
 		if !ok || k == "" || err != nil || w == 0 {
-			reasons = append(reasons, fmt.Sprintf("%q is not key=weight with weight 1..65535: skipped", item))
+			// The first few are named; a flood of them is counted.
+			if bad++; bad <= 3 {
+				reasons = append(reasons, fmt.Sprintf("%s is not key=weight with weight 1..65535: skipped", quoteInput(item)))
+			}
 			continue
 		}
 		out[k] = uint16(w)
+	}
+	if bad > 3 {
+		reasons = append(reasons, fmt.Sprintf("%d more entries are not key=weight: skipped", bad-3))
 	}
 	return out, reasons
 }

@@ -295,6 +295,30 @@ func TestScheduler(t *testing.T) {
 	}
 }
 
+// A hostile tenant's annotations and fields reach logs and Events only
+// as short quoted prefixes: a 256 KB weights annotation of bad entries and
+// a 100 KB scheduler name give a few hundred bytes of reasons.
+func TestProblemsQuoteTenantTextShortly(t *testing.T) {
+	weights := strings.Repeat("x,", 128<<10)
+	sp, probs := translateOne(t, testConfig(), nil, newSvc("s",
+		svcAnnotation(AnnotationWeights, weights),
+		svcAnnotation(AnnotationScheduler, strings.Repeat("s", 100<<10)),
+		sourceRanges(strings.Repeat("9", 50<<10))))
+	if sp == nil {
+		t.Fatal("Service not translated")
+	}
+	total := 0
+	for _, p := range probs {
+		total += len(p.Reason)
+	}
+	if total > 2048 || len(probs) > 8 {
+		t.Fatalf("%d problems with %d bytes of reasons:\n%s", len(probs), total, strings.Join(problemStrings(probs), "\n"))
+	}
+	if !hasProblem(probs, "131069 more entries are not key=weight") || !hasProblem(probs, "(102400 bytes)") {
+		t.Errorf("problems do not count the rest or give the length: %q", problemStrings(probs))
+	}
+}
+
 // §3.3: which addresses NodePorts are served on.
 func TestNodePortAddresses(t *testing.T) {
 	dual := testNodeObj(nil, "ext:203.0.113.5", "192.168.1.10", "192.168.2.10", "fd00::10", "127.0.0.1", "fd00::20")

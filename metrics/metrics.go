@@ -49,6 +49,7 @@ type Metrics struct {
 	Problems          *prometheus.GaugeVec
 	UnsupportedConfig *prometheus.GaugeVec
 	ServicePorts      prometheus.Gauge
+	EventsDropped     prometheus.Counter
 }
 
 // syncBuckets are kube-proxy's: 1 ms doubling, 15 buckets (to ~16 s).
@@ -131,6 +132,8 @@ func New() *Metrics {
 			[]string{"field"}),
 		ServicePorts: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xvs_service_ports",
 			Help: "Service ports in the last synced state"}),
+		EventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_events_dropped_total",
+			Help: "Kubernetes Events not recorded because their object had used up its share (a burst of 5, then one a minute)"}),
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -139,7 +142,7 @@ func New() *Metrics {
 		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueuedTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
-		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts,
+		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped,
 	)
 	return m
 }

@@ -241,7 +241,7 @@ func agent(ctx context.Context, log *slog.Logger, o *config.Options, f agentFlag
 	var kube *kubeClient
 	if o.Objects == "" {
 		var err error
-		if kube, err = newKubeClient(ctx, log, o, ccfg.NodeName); err != nil {
+		if kube, err = newKubeClient(ctx, log, o, ccfg.NodeName, m.EventsDropped); err != nil {
 			return err
 		}
 		defer kube.shutdown()

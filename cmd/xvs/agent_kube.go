@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/controller"
 )
@@ -32,7 +34,13 @@ type kubeClient struct {
 	src         *controller.InformerSource
 	broadcaster events.EventBroadcaster
 	recorder    events.EventRecorder
+	limiter     *eventLimiter
+	dropped     prometheus.Counter
 }
+
+// The Events client's own rate: Events never spend the informers' share
+// of clientConnection.qps, and a storm of them waits here instead.
+const eventsQPS, eventsAPIBurst = 5, 10
 
 // restConfig is kube-proxy's choice: --kubeconfig and/or --master when
 // given, else the in-cluster service account. clientConnection's QPS,
@@ -58,7 +66,7 @@ func restConfig(o *config.Options) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func newKubeClient(ctx context.Context, log *slog.Logger, o *config.Options, node string) (*kubeClient, error) {
+func newKubeClient(ctx context.Context, log *slog.Logger, o *config.Options, node string, dropped prometheus.Counter) (*kubeClient, error) {
 	cfg, err := restConfig(o)
 	if err != nil {
 		return nil, err
@@ -67,9 +75,15 @@ func newKubeClient(ctx context.Context, log *slog.Logger, o *config.Options, nod
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
-	k := &kubeClient{log: log, node: node, client: client}
+	k := &kubeClient{log: log, node: node, client: client, limiter: newEventLimiter(eventBurst, eventEvery), dropped: dropped}
+	ecfg := rest.CopyConfig(cfg)
+	ecfg.QPS, ecfg.Burst = eventsQPS, eventsAPIBurst
+	eclient, err := kubernetes.NewForConfig(ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client for Events: %w", err)
+	}
 	// Events go through the events.k8s.io/v1 API, as kube-proxy's do.
-	k.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	k.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: eclient.EventsV1()})
 	if err := k.broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
 		return nil, fmt.Errorf("event recorder: %w", err)
 	}
@@ -108,9 +122,19 @@ func (k *kubeClient) birthCry(mode string) {
 		"Starting xvs (kube-proxy replacement), mode %s.", mode)
 }
 
+// record records an Event on obj (key: kind/namespace/name) unless the
+// object has used up its share (eventLimiter).
+func (k *kubeClient) record(key string, obj runtime.Object, eventType, reason, note string) {
+	if !k.limiter.allow(key, time.Now()) {
+		k.dropped.Inc()
+		return
+	}
+	k.recorder.Eventf(obj, nil, eventType, reason, "Sync", "%s", truncateNote(note))
+}
+
 // nodeEvent is the nodeEvents API sink (datapath fallback Events).
 func (k *kubeClient) nodeEvent(eventType, reason, message string) error {
-	k.recorder.Eventf(k.nodeRef(), nil, eventType, reason, "Sync", "%s", truncateNote(message))
+	k.record("Node/"+k.node, k.nodeRef(), eventType, reason, message)
 	return nil
 }
 
@@ -120,7 +144,7 @@ func (k *kubeClient) serviceEvent(name types.NamespacedName, eventType, reason, 
 		return
 	}
 	if svc := k.src.Service(name.Namespace, name.Name); svc != nil {
-		k.recorder.Eventf(svc, nil, eventType, reason, "Sync", "%s", truncateNote(fmt.Sprintf(format, args...)))
+		k.record("Service/"+name.String(), svc, eventType, reason, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -148,7 +172,7 @@ func (k *kubeClient) problemEvent(p controller.Problem) {
 	if obj == nil {
 		return
 	}
-	k.recorder.Eventf(obj, nil, v1.EventTypeWarning, "XvsInvalidInput", "Sync", "%s", truncateNote("xvs: "+p.Reason))
+	k.record(p.Kind+"/"+p.Object, obj, v1.EventTypeWarning, "XvsInvalidInput", "xvs: "+p.Reason)
 }
 
 // truncateNote keeps an Event note within the API's 1 kB limit.

@@ -21,6 +21,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -516,6 +517,35 @@ func TestPrivKubeAgent(t *testing.T) {
 		}
 		if ended, err := w.Agent.Exited(); ended {
 			t.Fatalf("agent exited on bad input: %v", err)
+		}
+
+		// A tenant rewriting the annotation ten times a second, a new bad
+		// value each time: the Service gets at most the burst of Events,
+		// the rest are counted as dropped, and it is served throughout.
+		stop := time.Now().Add(8 * time.Second)
+		for i := 0; time.Now().Before(stop); i++ {
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{"xvs.io/scheduler":"fastest-%d"}}}`, i)
+			if _, err := w.client.CoreV1().Services(kubeNS).Patch(w.ctx, "odd", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		w.waitBackends(t, netip.MustParseAddr("172.30.0.14"), 80, 1, 5*time.Second)
+		time.Sleep(2 * time.Second) // the last sync's Events, if any, reach the API
+		list, err := w.client.EventsV1().Events("").List(w.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "Service" && e.Regarding.Name == "odd" && e.Reason == "XvsInvalidInput" {
+				n++
+			}
+		}
+		dropped := metricValue(w.metricsText(t), "xvs_events_dropped_total")
+		t.Logf("annotation storm: %d Events on the Service, %v dropped", n, dropped)
+		if n > eventBurst || dropped < 1 {
+			t.Errorf("annotation storm: %d Events on the Service (at most %d), %v dropped (want some)", n, eventBurst, dropped)
 		}
 	})
 }
