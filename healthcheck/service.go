@@ -117,9 +117,9 @@ func (s *ServiceHealth) Close() {
 func (s *ServiceHealth) listen(name types.NamespacedName, w Service, addrs []netip.Addr) (*hcServer, error) {
 	hs := &hcServer{name: name, port: w.Port, addrs: slices.Clone(addrs)}
 	hs.endpoints.Store(int64(w.LocalEndpoints))
-	hs.srv = &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+	hs.srv = NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		s.serve(rw, hs)
-	}), ReadHeaderTimeout: 10 * time.Second}
+	}))
 	hosts := []string{""}
 	if len(addrs) > 0 {
 		hosts = hosts[:0]
@@ -141,7 +141,7 @@ func (s *ServiceHealth) listen(name types.NamespacedName, w Service, addrs []net
 	for _, ln := range lns {
 		// Serve returns http.ErrServerClosed when Sync or Close shuts the
 		// server down; nothing else ends it while the listener is open.
-		go func() { _ = hs.srv.Serve(ln) }()
+		go func() { _ = Serve(hs.srv, ln) }()
 	}
 	return hs, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	kpv1 "k8s.io/kube-proxy/config/v1alpha1"
 
+	"github.com/xvs-lb/xvs/healthcheck"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 )
 
@@ -88,8 +89,8 @@ func listenAndServe(addr string, h http.Handler) (*http.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
+	srv := healthcheck.NewServer(h)
+	go func() { _ = healthcheck.Serve(srv, ln) }()
 	return srv, nil
 }
 

@@ -173,24 +173,6 @@ func (m *datapathMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-func serveMetrics(ctx context.Context, addr string, log *slog.Logger) {
-	if addr == "" {
-		return
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics)
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "addr", addr, "err", err)
-		}
-	}()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-}
-
 // nodeEvents emits Events about this node. Without an API client the
 // agent logs them and, with --event-file, appends them as core/v1 Event
 // shaped JSON; an API-backed sink can be put in front (seam for the
