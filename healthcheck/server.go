@@ -17,7 +17,7 @@ const (
 	MaxConns          = 128
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 10 * time.Second
-	writeTimeout      = 30 * time.Second // a large /metrics on a slow link
+	writeTimeout      = 2 * time.Minute // a large /metrics on a slow link, a 30 s /debug/pprof/profile
 	idleTimeout       = 60 * time.Second
 	maxHeaderBytes    = 16 << 10
 )
