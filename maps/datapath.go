@@ -76,6 +76,9 @@ type Datapath struct {
 	// recovered holds group IDs read back from the maps at start, until
 	// the first sync hands them to the ServicePorts that own the frontends.
 	recovered map[frontendKey]uint32
+	// recoveredFrontends is how many frontends the pinned maps held at
+	// start (RecoveredFrontends).
+	recoveredFrontends int
 	fullSync  bool
 	problems  map[model.ServicePortName][]string
 
@@ -204,6 +207,7 @@ func (d *Datapath) recover() error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("read services map: %w", err)
 	}
+	d.recoveredFrontends = len(d.recovered)
 	var id uint32
 	var b xbpf.Backend
 	bit := d.m.Backends.Iterate()
@@ -221,6 +225,11 @@ func (d *Datapath) recover() error {
 }
 
 func (d *Datapath) Mode() string { return "ebpf" }
+
+// RecoveredFrontends is how many frontends (address, port, protocol) the
+// pinned maps held when this Datapath was created: what a restarted
+// agent finds programmed before its first sync.
+func (d *Datapath) RecoveredFrontends() int { return d.recoveredFrontends }
 
 // ConntrackOccupancy is each conntrack table's entries (as the reaper last
 // counted them) and size, by table name: "established" and "unreplied".

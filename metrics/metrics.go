@@ -50,6 +50,7 @@ type Metrics struct {
 	UnsupportedConfig *prometheus.GaugeVec
 	ServicePorts      prometheus.Gauge
 	EventsDropped     prometheus.Counter
+	FirstSyncHeld     prometheus.Counter
 }
 
 // syncBuckets are kube-proxy's: 1 ms doubling, 15 buckets (to ~16 s).
@@ -134,6 +135,8 @@ func New() *Metrics {
 			Help: "Service ports in the last synced state"}),
 		EventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_events_dropped_total",
 			Help: "Kubernetes Events not recorded because their object had used up its share (a burst of 5, then one a minute)"}),
+		FirstSyncHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_first_sync_held_total",
+			Help: "First syncs not applied because they would have removed most of what a restarted agent found programmed, and a second list of the API server did not confirm it"}),
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -142,7 +145,7 @@ func New() *Metrics {
 		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueuedTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
-		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped,
+		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped, m.FirstSyncHeld,
 	)
 	return m
 }

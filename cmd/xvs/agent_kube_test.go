@@ -754,3 +754,40 @@ func TestPrivKubeAPIServerOutage(t *testing.T) {
 	w.waitBackends(t, demoVIP, 80, 3, 5*time.Second)
 	t.Logf("next change applied in %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestPrivKubeFirstSyncGuard: a restarted agent whose first list has lost
+// most Services (here really deleted while it was down) checks with a
+// direct list of the API server before removing them, finds the same
+// picture, and applies it: the guard never holds a true change.
+func TestPrivKubeFirstSyncGuard(t *testing.T) {
+	w := newKubeWorld(t)
+	vips := make([]netip.Addr, 20)
+	for i := range vips {
+		vips[i] = netip.AddrFrom4([4]byte{172, 30, 0, byte(100 + i)})
+		w.create(t, webService(fmt.Sprintf("many-%d", i), vips[i], v1.ServiceTypeClusterIP))
+		w.create(t, webSlice(fmt.Sprintf("many-%d", i), fmt.Sprintf("many-%d-1", i), demoPodIPs[:1], "node"))
+	}
+	w.startKubeAgent(t)
+	w.waitBackends(t, vips[19], 80, 1, 20*time.Second)
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 18 {
+		if err := w.client.CoreV1().Services(kubeNS).Delete(w.ctx, fmt.Sprintf("many-%d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.startKubeAgent(t)
+	w.waitBackends(t, vips[0], 80, -1, 20*time.Second)
+	w.waitBackends(t, vips[19], 80, 1, time.Second)
+	log, err := os.ReadFile(w.Agent.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "a second, direct list of the API server agrees") {
+		t.Errorf("the first sync removed 18 of 21 Services without a confirming list:\n%s", log)
+	}
+	if v := metricValue(w.metricsText(t), "xvs_first_sync_held_total"); v != 0 {
+		t.Errorf("xvs_first_sync_held_total = %v, want 0", v)
+	}
+}

@@ -58,6 +58,8 @@ type syncer struct {
 	reported    map[controller.Problem]bool
 	dpProbs     map[string]bool
 	summary     stateSummary
+	// synced is set by the first sync that reached the datapath.
+	synced bool
 }
 
 // healthServers is what the syncer needs of healthcheck.ServiceHealth.
@@ -165,6 +167,15 @@ func (s *syncer) sync(ctx context.Context) error {
 
 	b := s.tracker.Build()
 	s.reportProblems(b.Problems)
+	if err := s.guardFirstSync(ctx, b.State); err != nil {
+		s.log.Error("Not applying the first sync; the datapath keeps what it has", "err", err)
+		s.metrics.FirstSyncHeld.Inc()
+		s.tracker.ForceFullSync()
+		s.mu.Lock()
+		s.triggers = append(triggers, s.triggers...)
+		s.mu.Unlock()
+		return err
+	}
 	if b.Full && start.Sub(s.lastRewrite) >= s.fullSyncPeriod {
 		// The datapath rewrites every entry too, repairing maps changed
 		// behind our back.
@@ -182,6 +193,7 @@ func (s *syncer) sync(ctx context.Context) error {
 		s.mu.Unlock()
 		return err
 	}
+	s.synced = true
 	s.reportDatapathProblems(s.dp.Problems())
 	s.countStaleFlows()
 	end := time.Now()
@@ -316,4 +328,18 @@ func (s *syncer) countStaleFlows() {
 		}
 	}
 	s.staleCounted = n
+}
+
+// guardFirstSync holds a suspicious first sync (agent_firstsync.go) from
+// the API source until a direct list confirms it.
+func (s *syncer) guardFirstSync(ctx context.Context, st *model.State) error {
+	r, ok := s.dp.(recoveredDatapath)
+	if s.synced || s.kube == nil || !ok {
+		return nil
+	}
+	return checkFirstSync(s.log, st, r.RecoveredFrontends(), s.ccfg.ServiceProxyName, func() (*model.State, error) {
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return s.kube.listState(lctx, s.ccfg)
+	})
 }
