@@ -6,13 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // runList prints the pinned maps the way ipvsadm -Ln prints IPVS. It opens
@@ -23,11 +27,28 @@ func runList(args []string) error {
 	stats := fs.Bool("stats", false, "show connection, packet and byte counters")
 	output := fs.String("o", "text", "output format: text or json")
 	mode := fs.String("proxy-mode", "auto", "datapath to list: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
+	var conns bool
+	fs.BoolVar(&conns, "c", false, "list connections instead (ipvsadm -Lnc): client, frontend, backend, state, expiry")
+	fs.BoolVar(&conns, "connections", false, "same as -c")
+	var filter maps.ConnectionFilter
+	for _, f := range []struct {
+		name  string
+		proto model.Protocol
+	}{{"t", model.TCP}, {"tcp-service", model.TCP}, {"u", model.UDP}, {"udp-service", model.UDP}, {"sctp-service", model.SCTP}} {
+		fs.Func(f.name, "with -c: only connections to this "+f.proto.String()+" frontend, ADDR:PORT or ADDR (every port)", func(v string) error {
+			ap, err := parseFrontend(v)
+			filter.Protocol, filter.Virtual = f.proto, ap
+			return err
+		})
+	}
 	var lm modeFlags
 	fs.StringVar(&lm.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
 	fs.StringVar(&lm.ipvsDeviceName, "ipvs-device", "kube-ipvs0", "ipvs mode: the agent's --ipvs-device")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if conns {
+		return listConnections(*mode, *pinPath, *output, filter)
 	}
 	snap, err := readSnapshot(*mode, *pinPath, *stats, lm)
 	if err != nil {
@@ -148,4 +169,74 @@ func runCleanup(args []string) error {
 		err = errors.Join(err, ipvs.Cleanup(icfg))
 	}
 	return err
+}
+
+// parseFrontend reads ADDR:PORT or a bare ADDR (port 0: every port).
+func parseFrontend(v string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(v); err == nil {
+		return ap, nil
+	}
+	a, err := netip.ParseAddr(strings.Trim(v, "[]"))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%q is neither ADDR:PORT nor ADDR", v)
+	}
+	return netip.AddrPortFrom(a, 0), nil
+}
+
+// listConnections prints the live flows as ipvsadm -Lnc prints IPVS
+// connections (ebpf mode: the conntrack tables of the pinned maps).
+func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) error {
+	if mode == modeIPVS || (mode == "auto" && !exists(pinPath)) {
+		return errors.New("in ipvs mode the kernel holds the connections: ipvsadm -Lnc lists them")
+	}
+	m, err := maps.OpenPinned(pinPath)
+	if err != nil {
+		return fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, pinPath)
+	}
+	defer m.Close()
+	cs, err := m.Connections(f)
+	if err != nil {
+		return err
+	}
+	switch output {
+	case "json":
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Connections []maps.Connection `json:"connections"`
+		}{cs})
+	case "text":
+		printConnections(os.Stdout, cs)
+		return nil
+	}
+	return fmt.Errorf("unknown output format %q", output)
+}
+
+func printConnections(out io.Writer, cs []maps.Connection) {
+	masq := slices.ContainsFunc(cs, func(c maps.Connection) bool { return c.Masquerade.IsValid() })
+	w := tabwriter.NewWriter(out, 0, 8, 1, ' ', 0)
+	fmt.Fprintln(w, "xvs (eBPF) connection entries")
+	head := "pro	expire	state	source	virtual	destination"
+	if masq {
+		head += "	masquerade"
+	}
+	fmt.Fprintln(w, head)
+	for _, c := range cs {
+		secs := int(c.Expires.Round(time.Second) / time.Second)
+		line := fmt.Sprintf("%s	%02d:%02d	%s	%s	%s	%s", c.Protocol, secs/60, secs%60, c.State, c.Source, c.Virtual, c.Destination)
+		if masq {
+			if c.Masquerade.IsValid() {
+				line += "	" + c.Masquerade.String()
+			} else {
+				line += "	-"
+			}
+		}
+		fmt.Fprintln(w, line)
+	}
+	w.Flush()
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
