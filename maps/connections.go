@@ -31,7 +31,7 @@ type Connection struct {
 	// masquerade is in `conntrack -L`).
 	Masquerade netip.AddrPort `json:"masquerade,omitzero"`
 	// Replied: the backend has answered (the flow is in the established
-	// table, not the unreplied one).
+	// table, not the unreplied one). ebpf mode only.
 	Replied bool     `json:"replied"`
 	Flags   []string `json:"flags,omitempty"`
 	Packets uint32   `json:"packets"`
@@ -67,8 +67,9 @@ type ConnectionFilter struct {
 	Virtual  netip.AddrPort // the frontend; a zero port matches every port
 }
 
-func (f ConnectionFilter) match(c *Connection, proto model.Protocol) bool {
-	if f.Protocol != 0 && f.Protocol != proto {
+// Match says whether f selects c.
+func (f ConnectionFilter) Match(c *Connection) bool {
+	if f.Protocol != 0 && f.Protocol.String() != c.Protocol {
 		return false
 	}
 	if f.Virtual.Addr().IsValid() && (f.Virtual.Addr() != c.Virtual.Addr() ||
@@ -124,7 +125,7 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 					c.Flags = append(c.Flags, fl.name)
 				}
 			}
-			if f.match(&c, proto) {
+			if f.Match(&c) {
 				out = append(out, c)
 			}
 		}
@@ -132,8 +133,13 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 			return nil, fmt.Errorf("read conntrack: %w", err)
 		}
 	}
-	slices.SortFunc(out, func(a, b Connection) int {
+	SortConnections(out)
+	return out, nil
+}
+
+// SortConnections orders connections by frontend, protocol, then client.
+func SortConnections(cs []Connection) {
+	slices.SortFunc(cs, func(a, b Connection) int {
 		return cmp.Or(a.Virtual.Compare(b.Virtual), cmp.Compare(a.Protocol, b.Protocol), a.Source.Compare(b.Source))
 	})
-	return out, nil
 }

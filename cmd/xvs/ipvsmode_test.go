@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -215,6 +216,21 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 	}
 	defer c.Close()
 	held := reply.Local
+	// xvs list -c reads the kernel's connection table in ipvs mode.
+	src := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	out, err := lab.Run(w.Node.NS, w.bin, "list", "-c", "--proxy-mode", "ipvs", "-t", tcp.String(), "-o", "json")
+	if err != nil {
+		t.Fatalf("xvs list -c: %v\n%s", err, out)
+	}
+	var listed struct{ Connections []maps.Connection }
+	if err := json.Unmarshal(out, &listed); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if !slices.ContainsFunc(listed.Connections, func(lc maps.Connection) bool {
+		return lc.Source == src && lc.Virtual == tcp && lc.Destination == held && lc.State == "ESTABLISHED" && lc.Expires > 0
+	}) {
+		t.Errorf("xvs list -c in ipvs mode lacks %s -> %s -> %s ESTABLISHED:\n%s", src, tcp, held, out)
+	}
 	var keep []netip.Addr
 	for _, a := range demoPodIPs {
 		if a != held.Addr() {

@@ -186,15 +186,20 @@ func parseFrontend(v string) (netip.AddrPort, error) {
 // listConnections prints the live flows as ipvsadm -Lnc prints IPVS
 // connections (ebpf mode: the conntrack tables of the pinned maps).
 func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) error {
+	var cs []maps.Connection
+	var err error
+	kind := "eBPF"
 	if mode == modeIPVS || (mode == "auto" && !exists(pinPath)) {
-		return errors.New("in ipvs mode the kernel holds the connections: ipvsadm -Lnc lists them")
+		kind = "IPVS"
+		cs, err = ipvsConnections(f)
+	} else {
+		var m *maps.Maps
+		if m, err = maps.OpenPinned(pinPath); err != nil {
+			return fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, pinPath)
+		}
+		defer m.Close()
+		cs, err = m.Connections(f)
 	}
-	m, err := maps.OpenPinned(pinPath)
-	if err != nil {
-		return fmt.Errorf("%w (is the agent running with --pin-path=%s?)", err, pinPath)
-	}
-	defer m.Close()
-	cs, err := m.Connections(f)
 	if err != nil {
 		return err
 	}
@@ -206,16 +211,35 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 			Connections []maps.Connection `json:"connections"`
 		}{cs})
 	case "text":
-		printConnections(os.Stdout, cs)
+		printConnections(os.Stdout, kind, cs)
 		return nil
 	}
 	return fmt.Errorf("unknown output format %q", output)
 }
 
-func printConnections(out io.Writer, cs []maps.Connection) {
+// ipvsConnections is the kernel's IPVS connection table (ipvs mode), in
+// the same shape as the BPF datapath's (masquerade is netfilter's there).
+func ipvsConnections(f maps.ConnectionFilter) ([]maps.Connection, error) {
+	conns, err := ipvs.ReadConns()
+	if err != nil {
+		return nil, fmt.Errorf("IPVS connections: %w", err)
+	}
+	var out []maps.Connection
+	for _, c := range conns {
+		mc := maps.Connection{Protocol: c.Protocol.String(), Expires: c.Expires, State: c.State,
+			Source: c.Client, Virtual: c.Virtual, Destination: c.Dest}
+		if f.Match(&mc) {
+			out = append(out, mc)
+		}
+	}
+	maps.SortConnections(out)
+	return out, nil
+}
+
+func printConnections(out io.Writer, kind string, cs []maps.Connection) {
 	masq := slices.ContainsFunc(cs, func(c maps.Connection) bool { return c.Masquerade.IsValid() })
 	w := tabwriter.NewWriter(out, 0, 8, 1, ' ', 0)
-	fmt.Fprintln(w, "xvs (eBPF) connection entries")
+	fmt.Fprintf(w, "xvs (%s) connection entries\n", kind)
 	head := "pro	expire	state	source	virtual	destination"
 	if masq {
 		head += "	masquerade"
