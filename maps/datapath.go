@@ -79,8 +79,8 @@ type Datapath struct {
 	// recoveredFrontends is how many frontends the pinned maps held at
 	// start (RecoveredFrontends).
 	recoveredFrontends int
-	fullSync  bool
-	problems  map[model.ServicePortName][]string
+	fullSync           bool
+	problems           map[model.ServicePortName][]string
 
 	maglevSize uint32
 	// tables and members record the scheduler tables and the slot
