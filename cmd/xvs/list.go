@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
@@ -27,6 +28,8 @@ func runList(args []string) error {
 	stats := fs.Bool("stats", false, "show connection, packet and byte counters")
 	output := fs.String("o", "text", "output format: text or json")
 	mode := fs.String("proxy-mode", "auto", "datapath to list: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
+	rate := fs.Bool("rate", false, "show rates (ipvsadm -Ln --rate): connections, packets and bytes per second, from two reads --interval apart")
+	interval := fs.Duration("interval", time.Second, "with --rate: time between the two reads")
 	var conns bool
 	fs.BoolVar(&conns, "c", false, "list connections instead (ipvsadm -Lnc): client, frontend, backend, state, expiry")
 	fs.BoolVar(&conns, "connections", false, "same as -c")
@@ -49,6 +52,9 @@ func runList(args []string) error {
 	}
 	if conns {
 		return listConnections(*mode, *pinPath, *output, filter)
+	}
+	if *rate {
+		return listRates(*mode, *pinPath, *output, *interval, lm)
 	}
 	snap, err := readSnapshot(*mode, *pinPath, *stats, lm)
 	if err != nil {
@@ -263,4 +269,101 @@ func printConnections(out io.Writer, kind string, cs []maps.Connection) {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// Rate is one frontend's or backend's traffic per second over an interval.
+type Rate struct {
+	CPS    float64 `json:"cps"`
+	InPPS  float64 `json:"inpps"`
+	OutPPS float64 `json:"outpps"`
+	InBPS  float64 `json:"inbps"`
+	OutBPS float64 `json:"outbps"`
+}
+
+type rateView struct {
+	Protocol string         `json:"protocol"`
+	Address  netip.AddrPort `json:"address"`
+	Rate
+	Backends []backendRate `json:"backends"`
+}
+
+type backendRate struct {
+	Address netip.AddrPort `json:"address"`
+	Rate
+}
+
+func rateOf(a, b xbpf.Stats, d time.Duration) Rate {
+	per := func(x, y uint64) float64 {
+		if y < x {
+			return 0 // counters restarted (the frontend was recreated)
+		}
+		return float64(y-x) / d.Seconds()
+	}
+	return Rate{CPS: per(a.Conns, b.Conns), InPPS: per(a.PacketsIn, b.PacketsIn), OutPPS: per(a.PacketsOut, b.PacketsOut),
+		InBPS: per(a.BytesIn, b.BytesIn), OutBPS: per(a.BytesOut, b.BytesOut)}
+}
+
+// listRates reads the counters twice and prints the rates between.
+func listRates(mode, pinPath, output string, interval time.Duration, lm modeFlags) error {
+	first, err := readSnapshot(mode, pinPath, true, lm)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	time.Sleep(interval)
+	second, err := readSnapshot(mode, pinPath, true, lm)
+	if err != nil {
+		return err
+	}
+	d := time.Since(start)
+	type key struct {
+		proto string
+		addr  netip.AddrPort
+	}
+	before := map[key]maps.ServiceView{}
+	for _, s := range first.Services {
+		before[key{s.Protocol, s.Address}] = s
+	}
+	var views []rateView
+	for _, s := range second.Services {
+		old, ok := before[key{s.Protocol, s.Address}]
+		if !ok {
+			continue // new since the first read: no rate yet
+		}
+		v := rateView{Protocol: s.Protocol, Address: s.Address, Rate: rateOf(old.Stats, s.Stats, d), Backends: []backendRate{}}
+		oldBackends := map[netip.AddrPort]xbpf.Stats{}
+		for _, b := range old.Backends {
+			oldBackends[b.Address] = b.Stats
+		}
+		for _, b := range s.Backends {
+			if ob, ok := oldBackends[b.Address]; ok {
+				v.Backends = append(v.Backends, backendRate{Address: b.Address, Rate: rateOf(ob, b.Stats, d)})
+			}
+		}
+		views = append(views, v)
+	}
+	switch output {
+	case "json":
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			IntervalSeconds float64    `json:"intervalSeconds"`
+			Services        []rateView `json:"services"`
+		}{d.Seconds(), views})
+	case "text":
+		w := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(w, "Prot LocalAddress:Port\tCPS\tInPPS\tOutPPS\tInBPS\tOutBPS")
+		fmt.Fprintln(w, "  -> RemoteAddress:Port\t\t\t\t\t")
+		line := func(prefix string, r Rate) {
+			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\n", prefix, r.CPS, r.InPPS, r.OutPPS, r.InBPS, r.OutBPS)
+		}
+		for _, v := range views {
+			line(fmt.Sprintf("%-4s %s", v.Protocol, v.Address), v.Rate)
+			for _, b := range v.Backends {
+				line("  -> "+b.Address.String(), b.Rate)
+			}
+		}
+		return w.Flush()
+	}
+	return fmt.Errorf("unknown output format %q", output)
 }

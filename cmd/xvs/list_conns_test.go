@@ -96,3 +96,61 @@ func TestPrivListConnections(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestPrivListRate: `xvs list --rate` over a steady 50 connections a
+// second through the VIP reports that rate within 10%, and the packets
+// and bytes that came with them.
+func TestPrivListRate(t *testing.T) {
+	w := newWorld(t)
+	tcp := netip.AddrPortFrom(demoVIP, 80)
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			case <-tick.C:
+				if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, time.Second); r.Verdict == lab.OK {
+					n++
+				}
+			}
+		}
+	}()
+	time.Sleep(time.Second)
+	out, err := lab.Run(w.Node.NS, w.bin, "list", "--rate", "--interval", "4s", "-o", "json", "--pin-path", w.PinPath)
+	close(stop)
+	sent := <-done
+	if err != nil {
+		t.Fatalf("xvs list --rate: %v\n%s", err, out)
+	}
+	type serviceRate struct {
+		Protocol string
+		Address  netip.AddrPort
+		CPS      float64
+		InPPS    float64
+		InBPS    float64
+		Backends []struct{ CPS float64 }
+	}
+	var v struct{ Services []serviceRate }
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	i := slices.IndexFunc(v.Services, func(s serviceRate) bool { return s.Protocol == "TCP" && s.Address == tcp })
+	if i < 0 {
+		t.Fatalf("%s not in the rates:\n%s", tcp, out)
+	}
+	s := v.Services[i]
+	sum := 0.0
+	for _, b := range s.Backends {
+		sum += b.CPS
+	}
+	t.Logf("generated about 50/s (%d connections in all); listed %.1f CPS (backends %.1f), %.0f in-pps, %.0f in-Bps", sent, s.CPS, sum, s.InPPS, s.InBPS)
+	if s.CPS < 45 || s.CPS > 55 || sum < s.CPS*0.99 || sum > s.CPS*1.01 || s.InPPS < 3*s.CPS || s.InBPS < 40*s.InPPS {
+		t.Errorf("rate of %s: %+v, want 50 CPS within 10%% (its backends summing to it), at least 3 packets of 40+ bytes per connection", tcp, s)
+	}
+}
