@@ -33,7 +33,9 @@ func newWorld(t *testing.T, agentArgs ...string) *singleNode {
 		t.Fatal("namespace tests need root (network namespaces, BPF); run them as root")
 	}
 	w := startWorld(t, "t", agentArgs...)
-	if err := w.waitProgrammed(len(demoPodIPs), 15*time.Second); err != nil {
+	// The first sync waits for the programs' verification: ~10 s per
+	// agent in the rig's emulated 6.1 guest, more on a busy host.
+	if err := w.waitProgrammed(len(demoPodIPs), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return w
