@@ -255,8 +255,9 @@ static __always_inline __u32 tc_how(struct __sk_buff *skb, __u32 nf_flags, __u32
 
 /* l3: the device has no link-layer header (tun, IPIP, WireGuard): the
  * network header is the packet's start. */
-static __always_inline int handle_ip(struct __sk_buff *skb, bool v6, bool l3)
+static __always_inline int handle_ip(struct __sk_buff *skb, bool l3)
 {
+	bool v6 = skb->protocol == bpf_htons(ETH_P_IPV6);
 	__u32 l3_off = l3 ? 0 : ETH_HLEN;
 	struct flow_scratch *sc = flow_scratch();
 	__u32 xdp_nf = 0;
@@ -310,10 +311,8 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool v6, bool l3)
 SEC("tc")
 int xvs_tc_ingress(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return handle_ip(skb, false, false);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return handle_ip(skb, true, false);
+	if (skb->protocol == bpf_htons(ETH_P_IP) || skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_ip(skb, false);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 }
 
@@ -322,10 +321,8 @@ int xvs_tc_ingress(struct __sk_buff *skb)
 SEC("tc")
 int xvs_tc_ingress_l3(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return handle_ip(skb, false, true);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return handle_ip(skb, true, true);
+	if (skb->protocol == bpf_htons(ETH_P_IP) || skb->protocol == bpf_htons(ETH_P_IPV6))
+		return handle_ip(skb, true);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 }
 
