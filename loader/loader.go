@@ -125,11 +125,8 @@ func Load(cfg Config) (*Objects, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("loader config: %w", err)
 	}
-	if err := EnsureBPFFS(filepath.Dir(cfg.PinPath)); err != nil {
+	if err := ensurePinPath(cfg.PinPath); err != nil {
 		return nil, err
-	}
-	if err := os.MkdirAll(cfg.PinPath, 0o755); err != nil {
-		return nil, fmt.Errorf("create pin path: %w", err)
 	}
 	spec, err := xbpf.LoadXvs()
 	if err != nil {
@@ -296,6 +293,18 @@ func (o *Objects) pinProgram() error {
 
 // Config returns the configuration the objects were loaded with.
 func (o *Objects) Config() Config { return o.cfg }
+
+// ensurePinPath creates the pin directory, on a bpffs mounted at its
+// parent if none is there yet.
+func ensurePinPath(path string) error {
+	if err := EnsureBPFFS(filepath.Dir(path)); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return fmt.Errorf("create pin path: %w", err)
+	}
+	return nil
+}
 
 // EnsureBPFFS mounts bpffs at dir unless one is already there.
 func EnsureBPFFS(dir string) error {

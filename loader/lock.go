@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,11 +33,8 @@ var ErrPinPathLocked = errors.New("another process holds the pin directory")
 // called with the holder's pid (0 when it cannot be told) about every
 // second while it waits.
 func LockPinPath(path string, wait time.Duration, waiting func(holder int)) (*PinLock, error) {
-	if err := EnsureBPFFS(filepath.Dir(path)); err != nil {
+	if err := ensurePinPath(path); err != nil {
 		return nil, err
-	}
-	if err := os.MkdirAll(path, 0o755); err != nil {
-		return nil, fmt.Errorf("create pin path: %w", err)
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {

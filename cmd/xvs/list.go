@@ -72,14 +72,20 @@ func runList(args []string) error {
 	return fmt.Errorf("unknown output format %q", *output)
 }
 
-func readSnapshot(mode, pinPath string, stats bool, lm modeFlags) (*maps.Snapshot, error) {
-	if mode == "auto" {
-		mode = modeEBPF
-		if _, err := os.Stat(pinPath); err != nil {
-			mode = modeIPVS
-		}
+// listMode resolves --proxy-mode=auto: ebpf if its maps are pinned, else
+// ipvs.
+func listMode(mode, pinPath string) string {
+	if mode != "auto" {
+		return mode
 	}
-	if mode == modeIPVS {
+	if _, err := os.Stat(pinPath); err != nil {
+		return modeIPVS
+	}
+	return modeEBPF
+}
+
+func readSnapshot(mode, pinPath string, stats bool, lm modeFlags) (*maps.Snapshot, error) {
+	if listMode(mode, pinPath) == modeIPVS {
 		icfg, _ := lm.ipvsConfig("", newLogger(0))
 		return listIPVS(stats, icfg)
 	}
@@ -195,7 +201,7 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 	var cs []maps.Connection
 	var err error
 	kind := "eBPF"
-	if mode == modeIPVS || (mode == "auto" && !exists(pinPath)) {
+	if listMode(mode, pinPath) == modeIPVS {
 		kind = "IPVS"
 		cs, err = ipvsConnections(f)
 	} else {
@@ -264,11 +270,6 @@ func printConnections(out io.Writer, kind string, cs []maps.Connection) {
 		fmt.Fprintln(w, line)
 	}
 	w.Flush()
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 // Rate is one frontend's or backend's traffic per second over an interval.
