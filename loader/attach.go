@@ -47,7 +47,7 @@ var hooks = []hook{
 // without (l3: tun, IPIP, WireGuard) a link-layer header.
 func (o *Objects) hookProgram(h hook, l3 bool) (*ebpf.Program, error) {
 	if l3 {
-		if err := o.l3Programs(); err != nil {
+		if err := o.loadLazy("the programs for L3 devices", l3Programs); err != nil {
 			return nil, err
 		}
 	}

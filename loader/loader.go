@@ -99,21 +99,29 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Objects are the loaded programs and maps. The programs for devices
-// without a link-layer header (XvsTcIngressL3, XvsTcEgressL3) stay nil until
-// such a device is attached (l3Programs): verifying them costs as much as the
-// Ethernet programs, and most nodes have no such device.
+// Objects are the loaded programs and maps. The programs only some nodes
+// need stay nil until first used (lazyPrograms): the XDP program (XvsXdp)
+// until a device gets the XDP fast path, the programs for devices without a
+// link-layer header (XvsTcIngressL3, XvsTcEgressL3) until such a device is
+// attached. Each costs the verifier as much as the tc program, seconds on a
+// small node, and most nodes have neither.
 type Objects struct {
 	xbpf.XvsObjects
 	cfg Config
 	// spec is what was loaded (sizes and knobs set), for the L3 programs.
 	spec *ebpf.CollectionSpec
 	opts ebpf.CollectionOptions
-	l3Mu sync.Mutex
+	// lazyMu serializes loadLazy.
+	lazyMu sync.Mutex
 }
 
-// lazyPrograms are loaded on first use (l3Programs).
-var lazyPrograms = []string{"xvs_tc_ingress_l3", "xvs_tc_egress_l3"}
+// The groups of programs loaded on first use (loadLazy).
+var (
+	l3Programs  = []string{"xvs_tc_ingress_l3", "xvs_tc_egress_l3"}
+	xdpPrograms = []string{"xvs_xdp"}
+	// lazyPrograms are every group's.
+	lazyPrograms = slices.Concat(l3Programs, xdpPrograms)
+)
 
 // Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so
 // that services, backends and conntrack survive agent restarts and program
@@ -237,17 +245,17 @@ func assignByName(coll *ebpf.Collection, dsts ...any) error {
 	return nil
 }
 
-// l3Programs loads the programs for devices without a link-layer header,
-// once, sharing every map of the loaded objects.
-func (o *Objects) l3Programs() error {
-	o.l3Mu.Lock()
-	defer o.l3Mu.Unlock()
-	if o.XvsTcIngressL3 != nil && o.XvsTcEgressL3 != nil {
+// loadLazy loads the named programs once, sharing every map of the loaded
+// objects, and assigns them to o.XvsPrograms. what names them in errors.
+func (o *Objects) loadLazy(what string, names []string) error {
+	o.lazyMu.Lock()
+	defer o.lazyMu.Unlock()
+	if o.loaded(names) {
 		return nil
 	}
 	s := o.spec.Copy()
 	for name := range s.Programs {
-		if !slices.Contains(lazyPrograms, name) {
+		if !slices.Contains(names, name) {
 			delete(s.Programs, name)
 		}
 	}
@@ -263,12 +271,31 @@ func (o *Objects) l3Programs() error {
 	if err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
-			return fmt.Errorf("load the programs for L3 devices: %+v", verr)
+			return fmt.Errorf("load %s: %+v", what, verr)
 		}
-		return fmt.Errorf("load the programs for L3 devices: %w", err)
+		return fmt.Errorf("load %s: %w", what, err)
 	}
 	defer coll.Close()
 	return assignByName(coll, &o.XvsPrograms)
+}
+
+// loaded reports whether every named program is loaded.
+func (o *Objects) loaded(names []string) bool {
+	v := reflect.ValueOf(&o.XvsPrograms).Elem()
+	for i := range v.NumField() {
+		if slices.Contains(names, v.Type().Field(i).Tag.Get("ebpf")) && v.Field(i).IsNil() {
+			return false
+		}
+	}
+	return true
+}
+
+// XDPProgram is the XDP program, loaded on first use.
+func (o *Objects) XDPProgram() (*ebpf.Program, error) {
+	if err := o.loadLazy("the XDP program", xdpPrograms); err != nil {
+		return nil, err
+	}
+	return o.XvsXdp, nil
 }
 
 // pinProgram replaces the pinned program with the one just loaded, so that

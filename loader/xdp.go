@@ -40,12 +40,16 @@ func (o *Objects) AttachXDP(dev string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("device %s: %w", dev, err)
 	}
+	prog, err := o.XDPProgram()
+	if err != nil {
+		return "", err
+	}
 	ifindex := nl.Attrs().Index
 	pin := o.xdpPin(dev)
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		info, ierr := l.Info()
 		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
-			err := l.Update(o.XvsXdp)
+			err := l.Update(prog)
 			l.Close()
 			if err != nil {
 				return "", fmt.Errorf("replace XDP program on %s: %w", dev, err)
@@ -56,11 +60,11 @@ func (o *Objects) AttachXDP(dev string) (string, error) {
 		l.Close()
 	}
 	mode := XDPNative
-	l, err := link.AttachXDP(link.XDPOptions{Program: o.XvsXdp, Interface: ifindex, Flags: link.XDPDriverMode})
+	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPDriverMode})
 	if err != nil {
 		mode = XDPGeneric
 		var gerr error
-		l, gerr = link.AttachXDP(link.XDPOptions{Program: o.XvsXdp, Interface: ifindex, Flags: link.XDPGenericMode})
+		l, gerr = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPGenericMode})
 		if gerr != nil {
 			return "", fmt.Errorf("attach XDP to %s: native: %v; generic: %w", dev, err, gerr)
 		}

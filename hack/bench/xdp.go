@@ -69,6 +69,10 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 			err = derr
 		}
 	}()
+	prog, err := objs.XDPProgram()
+	if err != nil {
+		return nil, err
+	}
 	if err := dp.Sync(ctx, xdpState()); err != nil {
 		return nil, fmt.Errorf("sync: %w", err)
 	}
@@ -84,12 +88,12 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 		if !c.Hit { // a flow of its own, so that every timed packet is new
 			check, pkts = pkts[len(pkts)-1], pkts[:len(pkts)-1]
 		}
-		if err := checkXDPRewrite(objs.XvsXdp, c, check); err != nil {
+		if err := checkXDPRewrite(prog, c, check); err != nil {
 			return nil, fmt.Errorf("%s: %w", c.Name, err)
 		}
 		if c.Hit { // the check above opened the first flow; open the rest
 			for k, p := range pkts[1:] {
-				if _, err := runXDP(objs.XvsXdp, p); err != nil {
+				if _, err := runXDP(prog, p); err != nil {
 					return nil, fmt.Errorf("%s: opening flow %d of %d: %w (drop verdicts so far: %s)", c.Name, k+2, len(pkts), err, dropVerdicts(objs.XvsVerdicts))
 				}
 			}
@@ -102,7 +106,7 @@ func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
 		if err != nil {
 			return nil, err
 		}
-		xdp, empty, err := timeXDP(ctx, objs.XvsXdp, objs.XvsXdpEmpty, pkts, samples)
+		xdp, empty, err := timeXDP(ctx, prog, objs.XvsXdpEmpty, pkts, samples)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w (drop verdicts so far: %s)", c.Name, err, dropVerdicts(objs.XvsVerdicts))
 		}
