@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // batchChunk bounds one batch syscall, so that a full sync of 100k
@@ -75,6 +76,53 @@ func zeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 			return fmt.Errorf("batch reset %s: %w", m, err)
 		}
 		keys = keys[n:]
+	}
+	return nil
+}
+
+// walk calls fn with every entry of a hash map, read batchChunk entries
+// per syscall where the kernel has batch lookups (the per-key iterator
+// costs two syscalls an entry: the conntrack reaper walks half a million
+// entries every pass). fn must not keep pointers into its arguments. The
+// kernel reads a bucket at a time, so a concurrently changing map is seen
+// as by the iterator: an entry added or removed meanwhile may or may not
+// appear.
+func walk[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
+	keys := make([]K, batchChunk)
+	vals := make([]V, batchChunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return walkOneByOne(m, fn)
+		}
+		if errors.Is(err, unix.ENOSPC) && n == 0 {
+			// One bucket holds more than a batch: a bigger batch.
+			keys, vals = make([]K, 2*len(keys)), make([]V, 2*len(vals))
+			continue
+		}
+		for i := range n {
+			fn(&keys[i], &vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", m, err)
+		}
+	}
+}
+
+// walkOneByOne is walk for kernels without batch lookups.
+func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(&k, &v)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", m, err)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package maps
 
 import (
 	"cmp"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -92,13 +91,10 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 		if ct == nil {
 			continue
 		}
-		var k xbpf.CtKey
-		var e xbpf.CtEntry
-		it := ct.Iterate()
-		for it.Next(&k, &e) {
+		err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 			flags := xbpf.CtFlags(e.Flags)
 			if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 || e.Expires <= now {
-				continue
+				return
 			}
 			proto := model.Protocol(k.Proto)
 			c := Connection{
@@ -128,9 +124,9 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 			if f.Match(&c) {
 				out = append(out, c)
 			}
-		}
-		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("read conntrack: %w", err)
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	SortConnections(out)

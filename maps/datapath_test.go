@@ -15,7 +15,7 @@ import (
 	"github.com/xvs-lb/xvs/model"
 )
 
-func loadForTest(t *testing.T) (*loader.Objects, loader.Config) {
+func loadForTest(t testing.TB) (*loader.Objects, loader.Config) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test loads BPF maps and needs root")

@@ -2,10 +2,12 @@ package maps
 
 import (
 	"context"
-
 	"fmt"
-	"github.com/cilium/ebpf"
+	"hash/maphash"
+	"slices"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"golang.org/x/sys/unix"
 
@@ -55,20 +57,34 @@ func pointsBack(rk xbpf.CtKey, rev, fe xbpf.CtEntry) bool {
 // the read-modify-write there races with nothing. Each entry is read again
 // just before it is deleted, and left alone if the datapath rewrote it
 // meanwhile (a new flow on the same tuple).
+//
+// A pass reads every table once, in batches, and answers "does this reply
+// entry's flow live?" from fingerprints of the live forward entries it
+// read; only a reply entry about to be deleted is looked up again in the
+// maps. A pass costs no syscall per live flow.
 func (d *Datapath) Reap(grace time.Duration) (int, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return 0, err
 	}
+	tables := d.m.ConntrackTables()
+	live := liveFlows{seed: maphash.MakeSeed()}
+	scans := make([]tableScan, len(tables))
+	for i, ct := range tables {
+		if scans[i], err = scanTable(ct, now, grace, &live); err != nil {
+			return 0, err
+		}
+	}
+	slices.Sort(live.prints)
 	reaped := map[uint32]xbpf.Conns{}
 	deleted := 0
-	for i, ct := range d.m.ConntrackTables() {
-		n, seen, err := reapTable(ct, d.m.ConntrackTables(), now, grace, reaped)
+	for i, ct := range tables {
+		n, err := scans[i].reap(ct, tables, &live, now, grace, reaped)
 		deleted += n
 		if err != nil {
 			return deleted, err
 		}
-		d.ctEntries[i].Store(uint64(seen - n))
+		d.ctEntries[i].Store(uint64(scans[i].seen - n))
 	}
 	for id, n := range reaped {
 		var have xbpf.Conns
@@ -84,26 +100,82 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 	return deleted, nil
 }
 
-// reapTable reaps one conntrack table, adding the connections it hands
-// back to reaped. A reply entry's flow is looked for in every table: a
-// flow's entries move together, but not in one step.
-func reapTable(ct *ebpf.Map, tables []*ebpf.Map, now uint64, grace time.Duration, reaped map[uint32]xbpf.Conns) (deleted, seen int, err error) {
-	var dead, replies []xbpf.CtKey
-	var deadVals, replyVals []xbpf.CtEntry
-	var k xbpf.CtKey
-	var e xbpf.CtEntry
-	it := ct.Iterate()
-	for it.Next(&k, &e) {
-		seen++
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 {
-			replies, replyVals = append(replies, k), append(replyVals, e)
-		} else if e.Expires+uint64(grace) <= now {
-			dead, deadVals = append(dead, k), append(deadVals, e)
+// flowPrint is what a reply entry must find in its flow's forward entry
+// (pointsBack): the flow's key, the backend, and the masquerade address if
+// the flow has one.
+type flowPrint struct {
+	key      xbpf.CtKey
+	natAddr  [16]byte
+	natPort  uint16
+	snat     bool
+	snatAddr [16]byte
+	snatPort uint16
+}
+
+// liveFlows are the sorted fingerprints of the forward entries alive
+// within the grace. A fingerprint collision can only keep an orphaned
+// reply entry for another pass, never delete a live one: a reply entry
+// found in no fingerprint is looked up in the maps before it goes.
+type liveFlows struct {
+	seed   maphash.Seed
+	prints []uint64
+}
+
+func (l *liveFlows) print(p flowPrint) uint64 { return maphash.Comparable(l.seed, p) }
+
+func (l *liveFlows) has(p flowPrint) bool {
+	_, ok := slices.BinarySearch(l.prints, l.print(p))
+	return ok
+}
+
+// mayLive says whether the flow reply entry rk (value rev) points at may
+// be alive: false means it certainly is not among the fingerprinted ones.
+func (l *liveFlows) mayLive(rk xbpf.CtKey, rev xbpf.CtEntry) bool {
+	p := flowPrint{key: flowKeyOf(rk, rev), natAddr: rk.Saddr, natPort: rk.Sport, snat: true, snatAddr: rk.Daddr, snatPort: rk.Dport}
+	if l.has(p) {
+		return true
+	}
+	if rev.SnatAddr != rk.Daddr || rev.SnatPort != rk.Dport {
+		return false // only a masqueraded flow can own this reply entry
+	}
+	p.snat, p.snatAddr, p.snatPort = false, [16]byte{}, 0
+	return l.has(p)
+}
+
+// tableScan is what a pass read of one table: its entry count, the
+// forward entries past their grace, and every reply entry.
+type tableScan struct {
+	seen                int
+	dead, replies       []xbpf.CtKey
+	deadVals, replyVals []xbpf.CtEntry
+}
+
+// scanTable reads one conntrack table, adding the fingerprints of its live
+// forward entries to live.
+func scanTable(ct *ebpf.Map, now uint64, grace time.Duration, live *liveFlows) (tableScan, error) {
+	var s tableScan
+	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+		s.seen++
+		switch {
+		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0:
+			s.replies, s.replyVals = append(s.replies, *k), append(s.replyVals, *e)
+		case e.Expires+uint64(grace) <= now:
+			s.dead, s.deadVals = append(s.dead, *k), append(s.deadVals, *e)
+		default:
+			p := flowPrint{key: *k, natAddr: e.NatAddr, natPort: e.NatPort}
+			if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
+				p.snat, p.snatAddr, p.snatPort = true, e.SnatAddr, e.SnatPort
+			}
+			live.prints = append(live.prints, live.print(p))
 		}
-	}
-	if err := it.Err(); err != nil {
-		return 0, seen, fmt.Errorf("read conntrack: %w", err)
-	}
+	})
+	return s, err
+}
+
+// reap deletes what scanTable found dead in ct, adding the connections it
+// hands back to reaped. A reply entry's flow is looked for in every table:
+// a flow's entries move together, but not in one step.
+func (s *tableScan) reap(ct *ebpf.Map, tables []*ebpf.Map, live *liveFlows, now uint64, grace time.Duration, reaped map[uint32]xbpf.Conns) (deleted int, err error) {
 	unchanged := func(k xbpf.CtKey, was xbpf.CtEntry) bool {
 		var now xbpf.CtEntry
 		return ct.Lookup(&k, &now) == nil && now == was
@@ -115,13 +187,13 @@ func reapTable(ct *ebpf.Map, tables []*ebpf.Map, now uint64, grace time.Duration
 		deleted++
 		return nil
 	}
-	for i, k := range dead {
-		e := deadVals[i]
+	for i, k := range s.dead {
+		e := s.deadVals[i]
 		if !unchanged(k, e) {
 			continue
 		}
 		if err := del(k); err != nil {
-			return deleted, seen, err
+			return deleted, err
 		}
 		switch c := reaped[e.BackendId]; {
 		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
@@ -132,20 +204,21 @@ func reapTable(ct *ebpf.Map, tables []*ebpf.Map, now uint64, grace time.Duration
 			reaped[e.BackendId] = c
 		}
 	}
-	for i, rk := range replies {
-		rev := replyVals[i]
-		fk := flowKeyOf(rk, rev)
-		if flowLives(tables, rk, rev, fk, now, grace) {
+	for i, rk := range s.replies {
+		rev := s.replyVals[i]
+		if live.mayLive(rk, rev) {
 			continue
 		}
-		if !unchanged(rk, rev) {
+		// Not among the flows read: perhaps one that began after the
+		// read, or moved tables meanwhile.
+		if flowLives(tables, rk, rev, flowKeyOf(rk, rev), now, grace) || !unchanged(rk, rev) {
 			continue
 		}
 		if err := del(rk); err != nil {
-			return deleted, seen, err
+			return deleted, err
 		}
 	}
-	return deleted, seen, nil
+	return deleted, nil
 }
 
 // flowLives says whether the flow at fk that reply entry rk points at is

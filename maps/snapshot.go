@@ -99,14 +99,8 @@ func VerdictName(v xbpf.Verdict) string {
 // Read builds a Snapshot; withStats adds the per-CPU counters, summed.
 func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 	backends := map[uint32]xbpf.Backend{}
-	var id uint32
-	var b xbpf.Backend
-	bit := m.Backends.Iterate()
-	for bit.Next(&id, &b) {
-		backends[id] = b
-	}
-	if err := bit.Err(); err != nil {
-		return nil, fmt.Errorf("read backends: %w", err)
+	if err := walk(m.Backends, func(id *uint32, b *xbpf.Backend) { backends[*id] = *b }); err != nil {
+		return nil, err
 	}
 
 	type slotRef struct {
@@ -115,22 +109,19 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 	}
 	heads := map[slotRef]xbpf.SvcValue{}
 	slots := map[slotRef]map[uint16]uint32{}
-	var k xbpf.SvcKey
-	var v xbpf.SvcValue
-	it := m.Services.Iterate()
-	for it.Next(&k, &v) {
-		ref := slotRef{frontendOf(k), k.Scope}
+	err := walk(m.Services, func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
+		ref := slotRef{frontendOf(*k), k.Scope}
 		if k.Slot == 0 {
-			heads[ref] = v
-			continue
+			heads[ref] = *v
+			return
 		}
 		if slots[ref] == nil {
 			slots[ref] = map[uint16]uint32{}
 		}
 		slots[ref][k.Slot] = v.BackendId
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read services: %w", err)
+	})
+	if err != nil {
+		return nil, err
 	}
 
 	flows, occupancy, err := m.flowCountsFromConntrack()
@@ -285,10 +276,7 @@ func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, map[string]C
 // flowCountsOf adds one table's flows to out and returns its entries.
 func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) (int, error) {
 	n := 0
-	var k xbpf.CtKey
-	var e xbpf.CtEntry
-	it := ct.Iterate()
-	for it.Next(&k, &e) {
+	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 		n++
 		flags := xbpf.CtFlags(e.Flags)
 		id := [2]uint32{e.SvcId, e.BackendId}
@@ -297,7 +285,7 @@ func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) (int, 
 			c.pending.PacketsOut += uint64(e.Packets)
 			c.pending.BytesOut += uint64(e.Bytes)
 			out[id] = c
-			continue
+			return
 		}
 		c.pending.PacketsIn += uint64(e.Packets)
 		c.pending.BytesIn += uint64(e.Bytes)
@@ -312,9 +300,9 @@ func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) (int, 
 			c.inactive++
 		}
 		out[id] = c
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("read conntrack: %w", err)
+	})
+	if err != nil {
+		return 0, err
 	}
 	return n, nil
 }

@@ -129,20 +129,17 @@ func sockFamily(a [16]byte) uint8 {
 // two entries are always in the same one).
 func (d *Datapath) flushStaleIn(ct *ebpf.Map, s *staleFlows) error {
 	var del []xbpf.CtKey
-	var k xbpf.CtKey
-	var e xbpf.CtEntry
-	it := ct.Iterate()
-	for it.Next(&k, &e) {
+	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
-			continue
+			return
 		}
 		fk := frontendKey{addr: decodeAddr(k.Daddr, k.Family), port: ntohs(k.Dport), proto: model.Protocol(k.Proto)}
 		backend := netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort))
 		if !s.stale(fk, backend) {
-			continue
+			return
 		}
 		d.staleDeleted[familyIndex(k.Family)]++
-		del = append(del, k)
+		del = append(del, *k)
 		// Its reply entry: backend -> client, or -> the masquerade
 		// address.
 		rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
@@ -150,9 +147,9 @@ func (d *Datapath) flushStaleIn(ct *ebpf.Map, s *staleFlows) error {
 			rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
 		}
 		del = append(del, rk)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read conntrack: %w", err)
+	})
+	if err != nil {
+		return err
 	}
 	for _, k := range del {
 		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
