@@ -18,6 +18,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -177,6 +178,13 @@ func Load(cfg Config) (*Objects, error) {
 	}
 
 	pending, err := prepareMigrations(cfg.PinPath, spec)
+	if err != nil {
+		return nil, fmt.Errorf("migrate pinned maps: %w", err)
+	}
+	dropped, err := dropRetyped(cfg.PinPath, spec)
+	for _, d := range dropped {
+		slog.Warn("pinned map of an older build replaced; its counters start again from zero", "map", d)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("migrate pinned maps: %w", err)
 	}

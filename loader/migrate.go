@@ -31,6 +31,44 @@ var migrations = []migration{
 	{name: xbpf.XvsMapXvsNodeConfig, from: nodeConfigV1Size, convert: nodeConfigFromV1},
 }
 
+// retyped are the maps whose kind changed between releases and whose
+// content is not converted: counters (xvs_svc_stats, xvs_backend_stats were
+// preallocated per-CPU arrays of every possible ID until 2026-12), which
+// restart from zero, as Prometheus reads a counter reset. The old pin is
+// removed so that Load creates the new map; the Datapath then creates the
+// entries of the IDs in use.
+var retyped = []string{xbpf.XvsMapXvsSvcStats, xbpf.XvsMapXvsBackendStats}
+
+// dropRetyped unpins the maps of retyped pinned under pinPath with another
+// type than spec's, and returns their names.
+func dropRetyped(pinPath string, spec *ebpf.CollectionSpec) ([]string, error) {
+	var out []string
+	for _, name := range retyped {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			continue
+		}
+		path := filepath.Join(pinPath, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("open pinned %s: %w", name, err)
+		}
+		typ := m.Type()
+		m.Close()
+		if typ == ms.Type {
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			return out, fmt.Errorf("unpin the old %s: %w", name, err)
+		}
+		out = append(out, fmt.Sprintf("%s (was %s, now %s)", name, typ, ms.Type))
+	}
+	return out, nil
+}
+
 // pendingMigration is a converted map content waiting for the new map.
 type pendingMigration struct {
 	name   string

@@ -78,3 +78,46 @@ func TestPrivMigrateNodeConfigV1(t *testing.T) {
 	}
 	again.Close()
 }
+
+// TestPrivMigrateStatsArrays: counters pinned by the build that kept them
+// in preallocated per-CPU arrays are replaced by the per-CPU hashes, not
+// refused.
+func TestPrivMigrateStatsArrays(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test loads BPF maps and needs root")
+	}
+	cfg := DefaultConfig()
+	cfg.PinPath = fmt.Sprintf("/sys/fs/bpf/xvs-migratestats-%d", os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
+	if err := ensurePinPath(cfg.PinPath); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{xbpf.XvsMapXvsSvcStats, xbpf.XvsMapXvsBackendStats} {
+		old, err := ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 40, MaxEntries: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Pin(filepath.Join(cfg.PinPath, name)); err != nil {
+			t.Fatal(err)
+		}
+		old.Close()
+	}
+	objs, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("load over the per-CPU arrays: %v", err)
+	}
+	defer objs.Close()
+	for _, m := range []*ebpf.Map{objs.XvsSvcStats, objs.XvsBackendStats} {
+		if m.Type() != ebpf.PerCPUHash {
+			t.Fatalf("%s is a %s, want a per-CPU hash", m, m.Type())
+		}
+	}
+	pinned, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinPath, xbpf.XvsMapXvsBackendStats), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if pinned.Type() != ebpf.PerCPUHash {
+		t.Fatalf("the pin is a %s, want the new per-CPU hash", pinned.Type())
+	}
+}

@@ -126,3 +126,40 @@ func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 	}
 	return nil
 }
+
+// perCPUKeys is the set of keys of a per-CPU hash map with uint32 keys and
+// V values, read in batches (walk reads one value per key).
+func perCPUKeys[V any](m *ebpf.Map) (map[uint32]bool, error) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("possible cpus: %w", err)
+	}
+	out := map[uint32]bool{}
+	keys := make([]uint32, batchChunk)
+	vals := make([]V, batchChunk*ncpu)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			var k uint32
+			it := m.Iterate()
+			per := make([]V, ncpu)
+			for it.Next(&k, &per) {
+				out[k] = true
+			}
+			if err := it.Err(); err != nil {
+				return nil, fmt.Errorf("read %s: %w", m, err)
+			}
+			return out, nil
+		}
+		for _, k := range keys[:n] {
+			out[k] = true
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", m, err)
+		}
+	}
+}

@@ -221,7 +221,7 @@ func (d *Datapath) recover() error {
 	if err := bit.Err(); err != nil {
 		return fmt.Errorf("read backends map: %w", err)
 	}
-	return nil
+	return d.reconcileStats()
 }
 
 func (d *Datapath) Mode() string { return "ebpf" }
@@ -279,7 +279,8 @@ type writeSet struct {
 	headKeys    []xbpf.SvcKey
 	headVals    []xbpf.SvcValue
 	delSlots    []xbpf.SvcKey // heads of removed frontends first, then slots
-	delBackends []uint32
+	delBackends []uint32      // their IDs, which also key their counters
+	delSvcIDs   []uint32      // service IDs released: their counters go
 	freshSvcs   []uint32
 	freshBEs    []uint32
 	undo        []backendUndo // backend entries changed for the current frontend
@@ -889,6 +890,7 @@ func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
 			d.dropSchedState(xbpf.SchedKey{SvcId: id, Scope: scope}, ws)
 		}
 		d.planRanges(id, nil, ws)
+		ws.delSvcIDs = append(ws.delSvcIDs, id)
 	}
 	d.svcIDs.release(fk)
 }
@@ -963,7 +965,16 @@ func (d *Datapath) commitDeletes(ws *writeSet) error {
 	if err := deleteMany(d.m.SourceRanges, ws.delRanges); err != nil {
 		return err
 	}
-	return deleteMany(d.m.Backends, ws.delBackends)
+	if err := deleteMany(d.m.Backends, ws.delBackends); err != nil {
+		return err
+	}
+	// Counters last, of IDs still free: a flow to a removed backend may
+	// flush into them until here, and finds none after.
+	gone := slices.DeleteFunc(ws.delSvcIDs, d.svcIDs.isTaken)
+	if err := deleteMany(d.m.SvcStats, gone); err != nil {
+		return err
+	}
+	return deleteMany(d.m.BackendStats, slices.DeleteFunc(ws.delBackends, d.backendIDs.isTaken))
 }
 
 // swapTable builds a complete inner map and then replaces the outer entry
@@ -1004,6 +1015,45 @@ func (d *Datapath) resetHeld(ids []uint32) error {
 // the figures of a previous owner.
 func (d *Datapath) resetStats(m *ebpf.Map, ids []uint32) error {
 	return zeroPerCPU[xbpf.Stats](m, ids)
+}
+
+// reconcileStats makes the counter maps hold an entry for exactly the IDs
+// recovered from the pinned maps: a zeroed one where it is missing (maps
+// pinned by a build that kept the counters elsewhere, an agent stopped
+// between writes), none for IDs nothing uses.
+func (d *Datapath) reconcileStats() error {
+	svcs := make([]uint32, 0, len(d.svcIDs.ids))
+	for _, id := range d.svcIDs.ids {
+		svcs = append(svcs, id)
+	}
+	bes := make([]uint32, 0, len(d.backends))
+	for _, e := range d.backends {
+		bes = append(bes, e.id)
+	}
+	for _, t := range []struct {
+		m     *ebpf.Map
+		ids   []uint32
+		taken func(uint32) bool
+	}{{d.m.SvcStats, svcs, d.svcIDs.isTaken}, {d.m.BackendStats, bes, d.backendIDs.isTaken}} {
+		have, err := perCPUKeys[xbpf.Stats](t.m)
+		if err != nil {
+			return err
+		}
+		var stale []uint32
+		for id := range have {
+			if !t.taken(id) {
+				stale = append(stale, id)
+			}
+		}
+		if err := deleteMany(t.m, stale); err != nil {
+			return err
+		}
+		missing := slices.DeleteFunc(t.ids, func(id uint32) bool { return have[id] })
+		if err := zeroPerCPU[xbpf.Stats](t.m, missing); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // kinds maps model frontend kinds to the datapath's enum, both ways.

@@ -5,8 +5,8 @@ import (
 	"math/bits"
 )
 
-// idSpace hands out small integer IDs (they index per-CPU counter arrays
-// and the backends array) from 1..max-1; 0 means "none". A bitmap records
+// idSpace hands out small integer IDs (they key the per-CPU counters
+// and the backends map) from 1..max-1; 0 means "none". A bitmap records
 // which are taken: at a million backends it is 128 KiB, where a map from
 // ID to owner cost tens of megabytes.
 type idSpace struct {

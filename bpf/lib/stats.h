@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters: verdicts, per service and per backend. Per-CPU arrays
- * need no atomics and no allocation on the packet path. */
+/* Per-CPU counters: verdicts, per service and per backend. Per-CPU maps
+ * need no atomics, and the packet path never allocates: the verdicts are an
+ * array, and the agent creates every service's and backend's entry (a
+ * lookup that finds none counts nothing). */
 #ifndef XVS_STATS_H
 #define XVS_STATS_H
 
