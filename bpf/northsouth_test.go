@@ -273,3 +273,75 @@ func TestPrivPacketSCTP(t *testing.T) {
 		t.Fatal("IPv4 header checksum broken")
 	}
 }
+
+// TestPrivPacketMasqueradeClosedPort: with one masquerade port, a
+// connection that has closed (TIME_WAIT) hands its port to the next
+// connection's SYN, as netfilter's NAT does, instead of holding it for the
+// 120 s of TIME_WAIT; a live connection keeps its port, and a segment that
+// is not a SYN takes nothing.
+func TestPrivPacketMasqueradeClosedPort(t *testing.T) {
+	be := netip.MustParseAddrPort("10.244.1.12:8080")
+	e := newEnvMaps(t, loader.DefaultConfig(), maps.Config{SNATPortMin: 61000, SNATPortMax: 61000})
+	sp := clusterIPService("web", vip, 80, model.TCP)
+	sp.Frontends = append(sp.Frontends, model.Frontend{Kind: model.NodePort, Addr: nodeIP, Port: 30080, Proto: model.TCP})
+	sp.ClusterEndpoints = []model.Endpoint{{Addr: be.Addr(), Port: be.Port(), Ready: true, Serving: true, Weight: 1}}
+	sp.LocalEndpoints = sp.ClusterEndpoints
+	sp.HasEndpoints = true
+	e.syncState(t, false, sp)
+	np := netip.AddrPortFrom(nodeIP, 30080)
+	masq := netip.AddrPortFrom(nodeIP, 61000)
+
+	// in sends a client segment of the connection from sport and returns
+	// where it went (invalid if it was not forwarded).
+	in := func(sport uint16, f l4) netip.AddrPort {
+		t.Helper()
+		f.proto, f.sport, f.dport = model.TCP, sport, np.Port()
+		ret, out := e.run(t, packet(t, client, np.Addr(), f))
+		if ret != tcActOK && ret != tcActRedirect {
+			return netip.AddrPort{}
+		}
+		d := decode(t, out)
+		if d.dst != be {
+			t.Fatalf("segment from %d went to %s", sport, d.dst)
+		}
+		return d.src
+	}
+	// back sends the backend's segment to the masquerade port and returns
+	// where it went.
+	back := func(f l4) netip.AddrPort {
+		t.Helper()
+		f.proto, f.sport, f.dport = model.TCP, be.Port(), masq.Port()
+		_, out := e.run(t, packet(t, be.Addr(), masq.Addr(), f))
+		return decode(t, out).dst
+	}
+	open := func(sport uint16) {
+		t.Helper()
+		if src := in(sport, l4{syn: true}); src != masq {
+			t.Fatalf("SYN from %d left from %s, want %s", sport, src, masq)
+		}
+		if to := back(l4{syn: true, ack: true}); to != netip.AddrPortFrom(client, sport) {
+			t.Fatalf("SYN-ACK went to %s, want the client's port %d", to, sport)
+		}
+		in(sport, l4{ack: true})
+	}
+
+	open(40000)
+	// Live: a second connection finds no port.
+	if src := in(40001, l4{syn: true}); src.IsValid() {
+		t.Fatalf("a SYN took the live connection's port: left from %s", src)
+	}
+	// The client closes first; the backend's FIN is acknowledged.
+	in(40000, l4{fin: true, ack: true})
+	back(l4{fin: true, ack: true})
+	in(40000, l4{ack: true})
+	// A non-SYN segment of no flow takes nothing; a SYN takes the port.
+	if src := in(40002, l4{ack: true}); src == masq {
+		t.Fatal("a bare ACK took the closed connection's port")
+	}
+	open(40003)
+	// The old connection's late segment no longer reaches the client's
+	// old port through the new mapping... the new flow owns the way back.
+	if to := back(l4{ack: true}); to != netip.AddrPortFrom(client, 40003) {
+		t.Fatalf("the backend's segment went to %s, want the new connection's client port", to)
+	}
+}

@@ -226,8 +226,8 @@ static __always_inline bool ct_usable(const struct xvs_ct_entry *e, const struct
  * address) belongs to, or NULL when the entry is stale: its flow expired,
  * was replaced by another flow of the same client tuple, or went away.
  * unreplied: the entry is in xvs_ct_unreplied (and so is its flow). */
-static __attribute__((noinline)) struct xvs_ct_entry *
-ct_flow_of(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 now, bool unreplied)
+static __always_inline struct xvs_ct_entry *
+ct_flow_lookup(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 now, bool unreplied)
 {
 	struct xvs_ct_key fk = {};
 	struct xvs_ct_entry *fe;
@@ -248,6 +248,14 @@ ct_flow_of(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 no
 		return NULL;
 	}
 	return fe;
+}
+
+/* ct_flow_lookup as a call of its own, verified apart from its callers'
+ * states. */
+static __attribute__((noinline)) struct xvs_ct_entry *
+ct_flow_of(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u64 now, bool unreplied)
+{
+	return ct_flow_lookup(rk, rev, now, unreplied);
 }
 
 /* The first reply of a flow: its two entries (rev at rk, and its forward

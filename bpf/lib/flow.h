@@ -281,13 +281,53 @@ struct snat_search {
 	struct xvs_ct_entry *rev;
 	__u64 now;
 	__u32 start;
-	__u32 search; /* 0: prefer only */
+	__u32 search; /* SNAT_SEARCH_*; 0: prefer only */
 	__be16 be_port;
 	__be16 prefer;
 	__be16 found;
 	__u8 proto;
 	__u8 family;
 };
+
+/* snat_search.search: search the range at all (else only prefer), and may
+ * take a closed flow's port (the packet is a TCP SYN). Flags in one field:
+ * the search lives on the stack of the deepest call chain. */
+#define SNAT_SEARCH	1
+#define SNAT_SEARCH_SYN 2
+
+/* Does a live flow hold the masquerade port of reply key rk, whose
+ * xvs_conntrack entry is rev? A new connection's SYN (syn nonzero) may take
+ * the port of a flow that is only waiting out its close (TIME_WAIT, or CLOSE
+ * after a RST), as netfilter's NAT lets it (nf_nat_used_tuple_harder):
+ * otherwise each closed connection holds its port for the 120 s of
+ * TIME_WAIT, and a few hundred new connections per second to one backend
+ * use up the range. The old flow is retired: its pending counts flushed,
+ * its least-connection count given back, its forward entry expired (the
+ * caller replaces its reply entry). A late segment of it is then a packet
+ * of no flow, as it is for netfilter.
+ *
+ * A global function: verified once on its own, and the search goes on
+ * from one state whatever happened inside (its arguments may be NULL to
+ * it). */
+__noinline int snat_port_held(const struct xvs_ct_key *rk, struct xvs_ct_entry *rev, __u64 now, __u32 syn)
+{
+	struct xvs_ct_entry *fe;
+
+	if (!rk || !rev)
+		return 0;
+	fe = ct_flow_lookup(rk, rev, now, false); /* inline: the stack is at its deepest here */
+	if (!fe)
+		return 0;
+	if (!syn || (fe->state != XVS_CT_TIME_WAIT && fe->state != XVS_CT_CLOSE))
+		return 1;
+	stats_flush(fe);
+	stats_flush(rev);
+	if (fe->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
+		ct_release(fe);
+	fe->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
+	fe->expires = 0;
+	return 0;
+}
 
 static long snat_try(__u32 i, void *data)
 {
@@ -303,13 +343,13 @@ static long snat_try(__u32 i, void *data)
 	} else {
 		__u32 span = s->range->span;
 
-		if (!s->search || !span)
+		if (!(s->search & SNAT_SEARCH) || !span)
 			return 1;
 		port = bpf_htons(snat_port_at(s->range, (s->start + i) % span));
 	}
 	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
-	if (old && ct_flow_of(&rk, old, s->now, false))
+	if (old && snat_port_held(&rk, old, s->now, s->search & SNAT_SEARCH_SYN))
 		return 0;
 	young = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
 	if (young && ct_flow_of(&rk, young, s->now, true))
@@ -333,9 +373,14 @@ static long snat_try(__u32 i, void *data)
  * recycles its mapping as netfilter's does. Returns the port, or 0 when
  * none is free. */
 static __always_inline __be16 flow_snat_port(void *ctx, const struct xvs_config *cfg, const __u8 *src,
-					     const __u8 *be_addr, __be16 be_port, __u8 proto, __u8 family,
+					     const __u8 *be_addr, __be16 be_port, const struct xvs_pkt *p,
 					     struct xvs_ct_entry *rev, __be16 prefer, __u64 now)
 {
+	__u8 proto = p->proto, family = p->family;
+	__u32 syn = proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN
+			    ? SNAT_SEARCH_SYN
+			    : 0;
+
 	struct snat_search s = {
 		.ctx = ctx,
 		/* The range by index, not by a branch: both ways stay one
@@ -346,7 +391,7 @@ static __always_inline __be16 flow_snat_port(void *ctx, const struct xvs_config 
 		.rev = rev,
 		.now = now,
 		.start = bpf_get_prandom_u32(),
-		.search = 1,
+		.search = SNAT_SEARCH | syn,
 		.be_port = be_port,
 		.prefer = prefer,
 		.proto = proto,
@@ -619,7 +664,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	}
 	if (snat) {
 		e->flags |= XVS_CT_F_SNAT;
-		sport = flow_snat_port(ctx, cfg, node, be_addr, be_port, p->proto, p->family, e, prefer, now);
+		sport = flow_snat_port(ctx, cfg, node, be_addr, be_port, p, e, prefer, now);
 		if (!sport) {
 			*verdict = XVS_V_DROP_SNAT_EXHAUSTED;
 			return XVS_ACT_DROP;

@@ -28,8 +28,13 @@ static __always_inline void stats_verdict(__u32 verdict, __u32 bytes)
  * connection. */
 static __always_inline void stats_flush(struct xvs_ct_entry *e)
 {
-	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &e->svc_id);
-	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &e->backend_id);
+	/* The keys from the stack: e may be memory a global function was
+	 * handed, which older kernels take as no map key. */
+	__u32 id = e->svc_id;
+	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &id);
+
+	id = e->backend_id;
+	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &id);
 	bool in = !(e->flags & XVS_CT_F_REPLY);
 	__u64 conns = in && !(e->flags & XVS_CT_F_COUNTED);
 
