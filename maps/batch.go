@@ -88,32 +88,14 @@ func zeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 // as by the iterator: an entry added or removed meanwhile may or may not
 // appear.
 func walk[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
-	keys := make([]K, batchChunk)
-	vals := make([]V, batchChunk)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			return walkOneByOne(m, fn)
-		}
-		if errors.Is(err, unix.ENOSPC) && n == 0 {
-			// One bucket holds more than a batch: a bigger batch.
-			keys, vals = make([]K, 2*len(keys)), make([]V, 2*len(vals))
-			continue
-		}
-		for i := range n {
+	return walkBatches(m, 1, func(keys []K, vals []V) {
+		for i := range keys {
 			fn(&keys[i], &vals[i])
 		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", m, err)
-		}
-	}
+	}, func() error { return walkOneByOne(m, fn) })
 }
 
-// walkOneByOne is walk for kernels without batch lookups.
+// walkOneByOne is walk with the per-key iterator.
 func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 	var k K
 	var v V
@@ -121,45 +103,59 @@ func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 	for it.Next(&k, &v) {
 		fn(&k, &v)
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", m, err)
-	}
-	return nil
+	return it.Err()
 }
 
 // perCPUKeys is the set of keys of a per-CPU hash map with uint32 keys and
-// V values, read in batches (walk reads one value per key).
+// V values, read in batches.
 func perCPUKeys[V any](m *ebpf.Map) (map[uint32]bool, error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible cpus: %w", err)
 	}
 	out := map[uint32]bool{}
-	keys := make([]uint32, batchChunk)
-	vals := make([]V, batchChunk*ncpu)
+	err = walkBatches(m, ncpu, func(keys []uint32, _ []V) {
+		for _, k := range keys {
+			out[k] = true
+		}
+	}, func() error {
+		var k uint32
+		per := make([]V, ncpu)
+		it := m.Iterate()
+		for it.Next(&k, &per) {
+			out[k] = true
+		}
+		return it.Err()
+	})
+	return out, err
+}
+
+// walkBatches hands each batch of m's entries to batch (perKey values per
+// key: the CPU count for per-CPU maps), or calls oneByOne instead on
+// kernels without batch lookups.
+func walkBatches[K, V any](m *ebpf.Map, perKey int, batch func(keys []K, vals []V), oneByOne func() error) error {
+	keys := make([]K, batchChunk)
+	vals := make([]V, batchChunk*perKey)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		if errors.Is(err, ebpf.ErrNotSupported) {
-			var k uint32
-			it := m.Iterate()
-			per := make([]V, ncpu)
-			for it.Next(&k, &per) {
-				out[k] = true
+			if err := oneByOne(); err != nil {
+				return fmt.Errorf("read %s: %w", m, err)
 			}
-			if err := it.Err(); err != nil {
-				return nil, fmt.Errorf("read %s: %w", m, err)
-			}
-			return out, nil
+			return nil
 		}
-		for _, k := range keys[:n] {
-			out[k] = true
+		if errors.Is(err, unix.ENOSPC) && n == 0 {
+			// One bucket holds more than a batch: a bigger batch.
+			keys, vals = make([]K, 2*len(keys)), make([]V, 2*len(vals))
+			continue
 		}
+		batch(keys[:n], vals[:n*perKey])
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", m, err)
+			return fmt.Errorf("read %s: %w", m, err)
 		}
 	}
 }

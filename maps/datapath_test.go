@@ -30,6 +30,21 @@ func loadForTest(t testing.TB) (*loader.Objects, loader.Config) {
 	return objs, cfg
 }
 
+// datapathForTest loads fresh objects, closed with the test, and a
+// Datapath over them sized as the loader's defaults.
+func datapathForTest(t testing.TB) (*Maps, *Datapath, Config) {
+	t.Helper()
+	objs, cfg := loadForTest(t)
+	t.Cleanup(func() { objs.Close() })
+	m := FromObjects(objs)
+	dcfg := Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends}
+	dp, err := NewDatapath(m, dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, dp, dcfg
+}
+
 func svc(name string, vip string, eps ...string) *model.ServicePort {
 	sp := &model.ServicePort{
 		Name:         model.ServicePortName{Namespace: "ns", Name: name, Protocol: model.TCP},
@@ -55,14 +70,7 @@ func state(sps ...*model.ServicePort) *model.State {
 // stale slot behind, deleted services and unused backends go, and a new
 // Datapath over the same pinned maps (an agent restart) keeps every ID.
 func TestPrivDatapathSyncAndRecover(t *testing.T) {
-	objs, cfg := loadForTest(t)
-	defer objs.Close()
-	m := FromObjects(objs)
-	dcfg := Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends}
-	dp, err := NewDatapath(m, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, dp, dcfg := datapathForTest(t)
 	ctx := context.Background()
 	a := svc("a", "172.30.0.1", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80")
 	b := svc("b", "172.30.0.2", "10.0.0.3:80")

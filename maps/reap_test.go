@@ -70,13 +70,7 @@ func TestPrivWalkBatched(t *testing.T) {
 // exactly the expired ones' two entries and the reply entries whose flow
 // is gone, and keeps a masqueraded flow's reply entry.
 func TestPrivReapLiveAndDead(t *testing.T) {
-	objs, _ := loadForTest(t)
-	defer objs.Close()
-	m := FromObjects(objs)
-	dp, err := NewDatapath(m, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, dp, _ := datapathForTest(t)
 	now, err := monotonicNow()
 	if err != nil {
 		t.Fatal(err)
@@ -144,13 +138,7 @@ func TestPrivReapLiveAndDead(t *testing.T) {
 // entries), the agent's steady state on a busy node: what the pass costs
 // per entry.
 func BenchmarkPrivReap(b *testing.B) {
-	objs, _ := loadForTest(b)
-	defer objs.Close()
-	m := FromObjects(objs)
-	dp, err := NewDatapath(m, Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	m, dp, _ := datapathForTest(b)
 	now, err := monotonicNow()
 	if err != nil {
 		b.Fatal(err)

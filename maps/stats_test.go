@@ -46,14 +46,7 @@ func liveIDs(t *testing.T, m *Maps) (svcs, backends []uint32) {
 // service and backend IDs in use, through adds, removals and a restart
 // over pins that lost them (an upgrade from the per-CPU arrays).
 func TestPrivStatsFollowIDs(t *testing.T) {
-	objs, cfg := loadForTest(t)
-	defer objs.Close()
-	m := FromObjects(objs)
-	dcfg := Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends}
-	dp, err := NewDatapath(m, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, dp, dcfg := datapathForTest(t)
 	ctx := context.Background()
 	check := func(step string) {
 		t.Helper()
