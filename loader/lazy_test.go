@@ -6,16 +6,24 @@ import (
 	"testing"
 )
 
+// testConfig is the default configuration with a pin path of this test
+// process's own, removed with the test; it fails the test without root.
+func testConfig(t *testing.T, tag string) Config {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test loads BPF objects and needs root")
+	}
+	cfg := DefaultConfig()
+	cfg.PinPath = fmt.Sprintf("/sys/fs/bpf/xvs-%s-%d", tag, os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
+	return cfg
+}
+
 // TestPrivLazyPrograms: Load verifies only what every node runs; the XDP
 // program and the L3 programs come on first use, once, and share the maps
 // of the loaded objects.
 func TestPrivLazyPrograms(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test loads BPF programs and needs root")
-	}
-	cfg := DefaultConfig()
-	cfg.PinPath = fmt.Sprintf("/sys/fs/bpf/xvs-lazytest-%d", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
+	cfg := testConfig(t, "lazytest")
 	objs, err := Load(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package loader
 
 import (
 	"encoding/binary"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,12 +15,7 @@ import (
 // whose xvs_node_config has the old layout, loads; the configuration
 // arrives converted, not refused and not lost.
 func TestPrivMigrateNodeConfigV1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test loads BPF maps and needs root")
-	}
-	cfg := DefaultConfig()
-	cfg.PinPath = fmt.Sprintf("/sys/fs/bpf/xvs-migratetest-%d", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
+	cfg := testConfig(t, "migratetest")
 	if err := EnsureBPFFS(filepath.Dir(cfg.PinPath)); err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +77,7 @@ func TestPrivMigrateNodeConfigV1(t *testing.T) {
 // in preallocated per-CPU arrays are replaced by the per-CPU hashes, not
 // refused.
 func TestPrivMigrateStatsArrays(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test loads BPF maps and needs root")
-	}
-	cfg := DefaultConfig()
-	cfg.PinPath = fmt.Sprintf("/sys/fs/bpf/xvs-migratestats-%d", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
+	cfg := testConfig(t, "migratestats")
 	if err := ensurePinPath(cfg.PinPath); err != nil {
 		t.Fatal(err)
 	}
