@@ -29,12 +29,13 @@ generate:
 generate-check: generate
 	@git diff --exit-code -- bpf/ || { echo "bpf/: generated files are stale: run 'make generate' and commit"; exit 1; }
 
-# Version stamps (cmd/xvs/version.go): xvs --version, the startup log line
+# Version stamps (version/version.go): xvs --version, the startup log line
 # and the xvs_build_info metric.
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
 GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
-LDFLAGS    := -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
+VERSION_PKG := github.com/xvs-lb/xvs/version
+LDFLAGS    := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(BUILD_DATE)
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/xvs

@@ -120,7 +120,7 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 	}
 
 	// Host conntrack sysctls: set at start as kube-proxy sets them
-	// (cmd/xvs/conntrack_sysctl.go); the timeouts drive the BPF conntrack
+	// (agent/conntrack_sysctl.go); the timeouts drive the BPF conntrack
 	// in ebpf mode too (loader.CTTimeouts).
 
 	for name, v := range c.FeatureGates {

@@ -51,6 +51,8 @@ type Metrics struct {
 	ServicePorts      prometheus.Gauge
 	EventsDropped     prometheus.Counter
 	FirstSyncHeld     prometheus.Counter
+	DatapathMode      *prometheus.GaugeVec
+	DatapathFallbacks *prometheus.CounterVec
 }
 
 // syncBuckets are kube-proxy's: 1 ms doubling, 15 buckets (to ~16 s).
@@ -137,6 +139,10 @@ func New() *Metrics {
 			Help: "Kubernetes Events not recorded because their object had used up its share (a burst of 5, then one a minute)"}),
 		FirstSyncHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_first_sync_held_total",
 			Help: "First syncs not applied because they would have removed most of what a restarted agent found programmed, and a second list of the API server did not confirm it"}),
+		DatapathMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "xvs_datapath_mode",
+			Help: "1 for the datapath mode in use (ebpf or ipvs), 0 for the other"}, []string{"mode"}),
+		DatapathFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_datapath_fallbacks_total",
+			Help: "Times the agent fell back from the BPF datapath, by target mode and reason"}, []string{"to", "reason"}),
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -146,8 +152,21 @@ func New() *Metrics {
 		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
 		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped, m.FirstSyncHeld,
+		m.DatapathMode, m.DatapathFallbacks,
 	)
 	return m
+}
+
+// SetDatapathMode sets xvs_datapath_mode: 1 for mode, 0 for the others of
+// modes.
+func (m *Metrics) SetDatapathMode(mode string, modes ...string) {
+	for _, o := range modes {
+		v := 0.0
+		if o == mode {
+			v = 1
+		}
+		m.DatapathMode.WithLabelValues(o).Set(v)
+	}
 }
 
 // Handler serves the registry in the Prometheus exposition format.

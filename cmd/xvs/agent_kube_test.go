@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/xvs-lb/xvs/agent"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/kubeapi"
 	"github.com/xvs-lb/xvs/maps"
@@ -160,13 +161,13 @@ func webSlice(svc, name string, ips []netip.Addr, node string) *discoveryv1.Endp
 				v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports: []discoveryv1.EndpointPort{
-			{Name: ptrTo("http"), Port: ptrTo(int32(demoBackendPort)), Protocol: ptrTo(v1.ProtocolTCP)},
-			{Name: ptrTo("dns"), Port: ptrTo(int32(demoBackendPort)), Protocol: ptrTo(v1.ProtocolUDP)},
+			{Name: new("http"), Port: new(int32(demoBackendPort)), Protocol: new(v1.ProtocolTCP)},
+			{Name: new("dns"), Port: new(int32(demoBackendPort)), Protocol: new(v1.ProtocolUDP)},
 		},
 	}
 	for _, ip := range ips {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip.String()},
-			NodeName: ptrTo(node), Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}})
+			NodeName: new(node), Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
 	}
 	return es
 }
@@ -544,8 +545,8 @@ func TestPrivKubeAgent(t *testing.T) {
 		}
 		dropped := metricValue(w.metricsText(t), "xvs_events_dropped_total")
 		t.Logf("annotation storm: %d Events on the Service, %v dropped", n, dropped)
-		if n > eventBurst || dropped < 1 {
-			t.Errorf("annotation storm: %d Events on the Service (at most %d), %v dropped (want some)", n, eventBurst, dropped)
+		if n > agent.EventBurst || dropped < 1 {
+			t.Errorf("annotation storm: %d Events on the Service (at most %d), %v dropped (want some)", n, agent.EventBurst, dropped)
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xvs-lb/xvs/agent"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/maps"
@@ -408,7 +409,7 @@ func TestPrivIPVSFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ev eventRecord
+	var ev agent.EventRecord
 	if err := json.Unmarshal([]byte(strings.SplitN(string(b), "\n", 2)[0]), &ev); err != nil {
 		t.Fatalf("event file: %v: %s", err, b)
 	}
@@ -435,7 +436,7 @@ func TestPrivIPVSFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := string(raw)
-	for _, want := range []string{`xvs_datapath_mode{mode="ipvs"} 1`, `xvs_datapath_fallbacks_total{to="ipvs",reason="BPFLoadFailed"} 1`} {
+	for _, want := range []string{`xvs_datapath_mode{mode="ipvs"} 1`, `xvs_datapath_fallbacks_total{reason="BPFLoadFailed",to="ipvs"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
 		}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -13,7 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/xvs-lb/xvs/agent"
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
@@ -44,9 +47,7 @@ func runList(args []string) error {
 			return err
 		})
 	}
-	var lm modeFlags
-	fs.StringVar(&lm.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
-	fs.StringVar(&lm.ipvsDeviceName, "ipvs-device", "kube-ipvs0", "ipvs mode: the agent's --ipvs-device")
+	ic := ipvsListFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -54,9 +55,9 @@ func runList(args []string) error {
 		return listConnections(*mode, *pinPath, *output, filter)
 	}
 	if *rate {
-		return listRates(*mode, *pinPath, *output, *interval, lm)
+		return listRates(*mode, *pinPath, *output, *interval, *ic)
 	}
-	snap, err := readSnapshot(*mode, *pinPath, *stats, lm)
+	snap, err := readSnapshot(*mode, *pinPath, *stats, *ic)
 	if err != nil {
 		return err
 	}
@@ -79,15 +80,14 @@ func listMode(mode, pinPath string) string {
 		return mode
 	}
 	if _, err := os.Stat(pinPath); err != nil {
-		return modeIPVS
+		return config.ModeIPVS
 	}
-	return modeEBPF
+	return config.ModeEBPF
 }
 
-func readSnapshot(mode, pinPath string, stats bool, lm modeFlags) (*maps.Snapshot, error) {
-	if listMode(mode, pinPath) == modeIPVS {
-		icfg, _ := lm.ipvsConfig("", newLogger(0))
-		return listIPVS(stats, icfg)
+func readSnapshot(mode, pinPath string, stats bool, ic ipvs.Config) (*maps.Snapshot, error) {
+	if listMode(mode, pinPath) == config.ModeIPVS {
+		return listIPVS(stats, ic)
 	}
 	m, err := maps.OpenPinned(pinPath)
 	if err != nil {
@@ -169,18 +169,60 @@ func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 func runCleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
-	var lm modeFlags
-	fs.StringVar(&lm.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
-	fs.StringVar(&lm.ipvsDeviceName, "ipvs-device", "kube-ipvs0", "ipvs mode: the agent's --ipvs-device")
+	ic := ipvsListFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	err := cleanupPins(*pinPath)
+	err := agent.CleanupPins(*pinPath)
 	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
-	if icfg, _ := lm.ipvsConfig("", newLogger(0)); ipvs.HasState(icfg) {
-		err = errors.Join(err, ipvs.Cleanup(icfg))
+	if ipvs.HasState(*ic) {
+		err = errors.Join(err, ipvs.Cleanup(*ic))
 	}
 	return err
+}
+
+// ipvsListFlags registers the flags that find what an ipvs-mode agent
+// programmed: its state file and its dummy device.
+func ipvsListFlags(fs *flag.FlagSet) *ipvs.Config {
+	ic := &ipvs.Config{Log: slog.Default()}
+	fs.StringVar(&ic.StateFile, "ipvs-state-file", "", "ipvs mode: the agent's --ipvs-state-file")
+	fs.StringVar(&ic.Device, "ipvs-device", ipvs.DefaultDevice, "ipvs mode: the agent's --ipvs-device")
+	return ic
+}
+
+// listIPVS reads what xvs programmed in kernel IPVS (ipvsadm -Ln).
+func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
+	list, err := ipvs.List(cfg)
+	if err != nil {
+		return nil, err
+	}
+	snap := &maps.Snapshot{Services: []maps.ServiceView{}}
+	for _, s := range list {
+		v := maps.ServiceView{
+			Protocol: s.Protocol.String(), Address: s.Address, Kind: "ipvs", Scheduler: s.Scheduler,
+			Backends: []maps.BackendView{},
+		}
+		if s.Persistent {
+			v.Flags = append(v.Flags, "persistent")
+			v.Affinity = s.Timeout
+		}
+		if stats {
+			v.Stats.Conns = uint64(s.Stats.Connections)
+			v.Stats.PacketsIn, v.Stats.PacketsOut = uint64(s.Stats.PacketsIn), uint64(s.Stats.PacketsOut)
+			v.Stats.BytesIn, v.Stats.BytesOut = s.Stats.BytesIn, s.Stats.BytesOut
+		}
+		for _, r := range s.Reals {
+			b := maps.BackendView{Address: r.Address, Weight: uint16(r.Weight), ActiveConns: r.ActiveConns, InactiveConns: r.InactiveConns}
+			if stats {
+				b.Stats.Conns = uint64(r.Stats.Connections)
+				b.Stats.PacketsIn, b.Stats.PacketsOut = uint64(r.Stats.PacketsIn), uint64(r.Stats.PacketsOut)
+				b.Stats.BytesIn, b.Stats.BytesOut = r.Stats.BytesIn, r.Stats.BytesOut
+			}
+			v.Backends = append(v.Backends, b)
+		}
+		snap.Services = append(snap.Services, v)
+	}
+	return snap, nil
 }
 
 // parseFrontend reads ADDR:PORT or a bare ADDR (port 0: every port).
@@ -201,7 +243,7 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 	var cs []maps.Connection
 	var err error
 	kind := "eBPF"
-	if listMode(mode, pinPath) == modeIPVS {
+	if listMode(mode, pinPath) == config.ModeIPVS {
 		kind = "IPVS"
 		cs, err = ipvsConnections(f)
 	} else {
@@ -305,14 +347,14 @@ func rateOf(a, b xbpf.Stats, d time.Duration) Rate {
 }
 
 // listRates reads the counters twice and prints the rates between.
-func listRates(mode, pinPath, output string, interval time.Duration, lm modeFlags) error {
-	first, err := readSnapshot(mode, pinPath, true, lm)
+func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Config) error {
+	first, err := readSnapshot(mode, pinPath, true, ic)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
 	time.Sleep(interval)
-	second, err := readSnapshot(mode, pinPath, true, lm)
+	second, err := readSnapshot(mode, pinPath, true, ic)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/xvs-lb/xvs/version"
 )
 
 type command struct {
@@ -50,8 +52,8 @@ func main() {
 			return
 		}
 	}
-	if isVersionFlag(os.Args[1]) {
-		fmt.Println(versionString())
+	if version.IsFlag(os.Args[1]) {
+		fmt.Println(version.String())
 		return
 	}
 	if os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {

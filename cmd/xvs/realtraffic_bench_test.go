@@ -77,7 +77,7 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 //	go test -run '^$' -bench PrivSpreadCPS -benchtime 1x ./cmd/xvs/
 func BenchmarkPrivSpreadCPS(b *testing.B) {
 	window := cpsWindow(b)
-	for _, mode := range []string{netfilterPass, netfilterBypass} {
+	for _, mode := range []string{"pass", "bypass"} {
 		for _, n := range []int{1, 1000} {
 			b.Run(fmt.Sprintf("%s-%d-services", mode, n), func(b *testing.B) {
 				var m strings.Builder

@@ -75,7 +75,7 @@ type clientCase struct {
 // inBothModes runs a test once per netfilter mode, with the agents'
 // --netfilter-mode argument.
 func inBothModes(t *testing.T, test func(t *testing.T, agentArgs []string)) {
-	for _, mode := range []string{netfilterPass, netfilterBypass} {
+	for _, mode := range []string{"pass", "bypass"} {
 		t.Run(mode, func(t *testing.T) { test(t, []string{"--netfilter-mode=" + mode}) })
 	}
 }
@@ -140,10 +140,13 @@ func testRealTrafficHalfClose(t *testing.T, args []string) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			for _, half := range []lab.HalfClose{lab.HalfCloseClient, lab.HalfCloseServer} {
-				r := transfer(t, c.ns, c.src, c.dst, lab.TransferSpec{HalfClose: half, Stream: 14 * time.Second, Interval: time.Second, ChunkSize: 64 << 10})
-				if r.Chunks < 14 {
-					t.Fatalf("%v half-close: %d chunks arrived, want 14", half, r.Chunks)
-				}
+				t.Run(half.String(), func(t *testing.T) {
+					t.Parallel()
+					r := transfer(t, c.ns, c.src, c.dst, lab.TransferSpec{HalfClose: half, Stream: 14 * time.Second, Interval: time.Second, ChunkSize: 64 << 10})
+					if r.Chunks < 14 {
+						t.Fatalf("%v half-close: %d chunks arrived, want 14", half, r.Chunks)
+					}
+				})
 			}
 		})
 	}

@@ -244,7 +244,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	if p := dp.Problems(); len(p) > 0 {
 		return res, fmt.Errorf("sync problems: %v", p)
 	}
-	// As the agent does after a full sync (cmd/xvs/agent_sync.go).
+	// As the agent does after a full sync (agent/sync.go).
 	debug.FreeOSMemory()
 	if res.RSS, err = procStatus("VmRSS"); err != nil {
 		return res, err

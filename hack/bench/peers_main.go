@@ -112,7 +112,7 @@ func buildXvsCommitted(ctx context.Context, dir string) (bin, commit string, err
 	}
 	bin = filepath.Join(dir, "xvs")
 	build := exec.CommandContext(ctx, goBin(), "build", "-ldflags",
-		"-X main.version="+commit+" -X main.gitCommit="+commit, "-o", bin, "./cmd/xvs")
+		"-X github.com/xvs-lb/xvs/version.version="+commit+" -X github.com/xvs-lb/xvs/version.gitCommit="+commit, "-o", bin, "./cmd/xvs")
 	build.Dir = src
 	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -7,18 +7,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
+	xmetrics "github.com/xvs-lb/xvs/metrics"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -114,7 +113,7 @@ func (f *modeFlags) validate() error {
 }
 
 func (f *modeFlags) ipvsConfig(scheduler string, log *slog.Logger) (ipvs.Config, error) {
-	excl, err := parsePrefixes(f.ipvsExclude)
+	excl, err := config.ParseCIDRs(f.ipvsExclude)
 	if err != nil {
 		return ipvs.Config{}, fmt.Errorf("--ipvs-exclude-cidrs: %w", err)
 	}
@@ -124,53 +123,6 @@ func (f *modeFlags) ipvsConfig(scheduler string, log *slog.Logger) (ipvs.Config,
 		Device: f.ipvsDeviceName, StateFile: f.ipvsStateFile, DrainInterval: f.ipvsDrain,
 		NoRules: f.ipvsNoRules, Log: log.With("datapath", modeIPVS),
 	}, nil
-}
-
-// datapathMetrics are the metrics of the datapath selection, in the
-// Prometheus text format (the agent has no metrics registry yet).
-type datapathMetrics struct {
-	mu        sync.Mutex
-	mode      string
-	fallbacks map[[2]string]int // (to, reason) -> count
-}
-
-var metrics = &datapathMetrics{fallbacks: map[[2]string]int{}}
-
-func (m *datapathMetrics) setMode(mode string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.mode = mode
-}
-
-func (m *datapathMetrics) fellBack(to, reason string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.fallbacks[[2]string{to, reason}]++
-}
-
-func (m *datapathMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	fmt.Fprintln(w, "# HELP xvs_datapath_mode 1 for the datapath mode in use (ebpf or ipvs).")
-	fmt.Fprintln(w, "# TYPE xvs_datapath_mode gauge")
-	for _, mode := range []string{modeEBPF, modeIPVS} {
-		v := 0
-		if m.mode == mode {
-			v = 1
-		}
-		fmt.Fprintf(w, "xvs_datapath_mode{mode=%q} %d\n", mode, v)
-	}
-	fmt.Fprintln(w, "# HELP xvs_datapath_fallbacks_total Times the agent fell back from the BPF datapath, by target mode and reason.")
-	fmt.Fprintln(w, "# TYPE xvs_datapath_fallbacks_total counter")
-	keys := make([][2]string, 0, len(m.fallbacks))
-	for k := range m.fallbacks {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b [2]string) int { return strings.Compare(a[0]+a[1], b[0]+b[1]) })
-	for _, k := range keys {
-		fmt.Fprintf(w, "xvs_datapath_fallbacks_total{to=%q,reason=%q} %d\n", k[0], k[1], m.fallbacks[k])
-	}
 }
 
 // nodeEvents emits Events about this node. Without an API client the
@@ -185,9 +137,9 @@ type nodeEvents struct {
 	api func(eventType, reason, message string) error
 }
 
-// eventRecord is the --event-file line: the fields of a core/v1 Event that
+// EventRecord is an --event-file line: the fields of a core/v1 Event that
 // matter here.
-type eventRecord struct {
+type EventRecord struct {
 	InvolvedObject struct {
 		Kind string `json:"kind"`
 		Name string `json:"name"`
@@ -209,7 +161,7 @@ func (e *nodeEvents) emit(eventType, reason, message string) {
 	if e.file == "" {
 		return
 	}
-	var r eventRecord
+	var r EventRecord
 	r.InvolvedObject.Kind, r.InvolvedObject.Name = "Node", e.node
 	r.Type, r.Reason, r.Message, r.Source, r.Time = eventType, reason, message, "xvs", time.Now().UTC()
 	b, _ := json.Marshal(r)
@@ -224,15 +176,47 @@ func (e *nodeEvents) emit(eventType, reason, message string) {
 	}
 }
 
-// syncDatapath is what the sync loop needs of either datapath.
-type syncDatapath interface {
+// Datapath is what the agent needs of either mode's datapath: the model's
+// Sync and Close, and the inputs it could not program, for Events and
+// xvs_problems. What only one mode has is found by type assertion on the
+// optional interfaces below.
+type Datapath interface {
 	model.Datapath
 	Problems() []string
 }
 
+// Optional capabilities of a Datapath.
+type (
+	// fullSyncForcer rewrites every entry on its next Sync (after a
+	// failed one, and periodically).
+	fullSyncForcer interface{ ForceFullSync() }
+	// staleFlowCounter counts the flows to removed UDP endpoints it
+	// deleted, by family (the conntrack reconciler's counter).
+	staleFlowCounter interface{ StaleFlowsDeleted() [2]uint64 }
+	// conntrackOccupancy reports each conntrack table's entries and
+	// capacity.
+	conntrackOccupancy interface {
+		ConntrackOccupancy() map[string][2]uint64
+	}
+	// recoveredDatapath tells how many frontends it found programmed when
+	// it started (the first-sync guard).
+	recoveredDatapath interface{ RecoveredFrontends() int }
+)
+
+// Both modes' datapaths are Datapaths; the ebpf one has every optional
+// capability.
+var (
+	_ Datapath           = (*ipvs.Datapath)(nil)
+	_ Datapath           = (*maps.Datapath)(nil)
+	_ fullSyncForcer     = (*maps.Datapath)(nil)
+	_ staleFlowCounter   = (*maps.Datapath)(nil)
+	_ conntrackOccupancy = (*maps.Datapath)(nil)
+	_ recoveredDatapath  = (*maps.Datapath)(nil)
+)
+
 // activeDatapath is the datapath the agent runs with.
 type activeDatapath struct {
-	dp syncDatapath
+	dp Datapath
 	// objs is set in ebpf mode: the loaded programs, to attach to devices.
 	objs  *loader.Objects
 	close func()
@@ -243,14 +227,14 @@ type activeDatapath struct {
 // mode runs, the other mode's state is removed: a stale tc program would
 // take packets before IPVS sees them, and stale virtual servers and VIPs
 // would answer for Services the BPF datapath serves.
-func startDatapath(log *slog.Logger, f agentFlags, ev *nodeEvents) (*activeDatapath, error) {
+func startDatapath(log *slog.Logger, f settings, ev *nodeEvents, m *xmetrics.Metrics) (*activeDatapath, error) {
 	mf := f.mode
 	icfg, err := mf.ipvsConfig(f.scheduler, log)
 	if err != nil {
 		return nil, err
 	}
 	if mf.proxyMode == modeIPVS {
-		return startIPVS(log, f, icfg)
+		return startIPVS(log, f, icfg, m)
 	}
 	a, bpfErr := startEBPF(f)
 	if bpfErr == nil {
@@ -260,7 +244,7 @@ func startDatapath(log *slog.Logger, f agentFlags, ev *nodeEvents) (*activeDatap
 				log.Warn("IPVS cleanup", "err", err)
 			}
 		}
-		metrics.setMode(modeEBPF)
+		m.SetDatapathMode(modeEBPF, modeEBPF, modeIPVS)
 		return a, nil
 	}
 	if mf.fallback != modeIPVS {
@@ -268,8 +252,8 @@ func startDatapath(log *slog.Logger, f agentFlags, ev *nodeEvents) (*activeDatap
 	}
 	reason := "BPFLoadFailed"
 	log.Error("the BPF datapath cannot run on this kernel; falling back to IPVS", "reason", reason, "err", bpfErr)
-	metrics.fellBack(modeIPVS, reason)
-	a, err = startIPVS(log, f, icfg)
+	m.DatapathFallbacks.WithLabelValues(modeIPVS, reason).Inc()
+	a, err = startIPVS(log, f, icfg, m)
 	if err != nil {
 		ev.emit("Warning", "DatapathFallbackFailed", fmt.Sprintf("BPF datapath failed (%v) and the IPVS fallback failed too: %v", bpfErr, err))
 		return nil, fmt.Errorf("BPF datapath: %v; IPVS fallback: %w", bpfErr, err)
@@ -278,7 +262,7 @@ func startDatapath(log *slog.Logger, f agentFlags, ev *nodeEvents) (*activeDatap
 	return a, nil
 }
 
-func startEBPF(f agentFlags) (*activeDatapath, error) {
+func startEBPF(f settings) (*activeDatapath, error) {
 	if f.mode.debugFailBPF || os.Getenv(envFailBPFLoad) == "1" {
 		return nil, errors.New("load objects: injected failure (" + envFailBPFLoad + ")")
 	}
@@ -366,55 +350,20 @@ func startEBPF(f agentFlags) (*activeDatapath, error) {
 	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); <-reaped; objs.Close(); lock.Close() }}, nil
 }
 
-func startIPVS(log *slog.Logger, f agentFlags, icfg ipvs.Config) (*activeDatapath, error) {
+func startIPVS(log *slog.Logger, f settings, icfg ipvs.Config, m *xmetrics.Metrics) (*activeDatapath, error) {
 	dp, err := ipvs.New(icfg)
 	if err != nil {
 		return nil, fmt.Errorf("ipvs mode: %w", err)
 	}
 	if _, err := os.Stat(f.pinPath); err == nil {
 		log.Info("removing the BPF datapath's programs, links and maps: running with IPVS", "pinPath", f.pinPath)
-		if err := cleanupPins(f.pinPath); err != nil {
+		if err := CleanupPins(f.pinPath); err != nil {
 			dp.Close()
 			return nil, fmt.Errorf("remove the BPF datapath under %s: %w", f.pinPath, err)
 		}
 	}
-	metrics.setMode(modeIPVS)
+	m.SetDatapathMode(modeIPVS, modeEBPF, modeIPVS)
 	return &activeDatapath{dp: dp, close: dp.Close}, nil
-}
-
-// runListIPVS prints what xvs programmed in kernel IPVS (ipvsadm -Ln).
-func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
-	list, err := ipvs.List(cfg)
-	if err != nil {
-		return nil, err
-	}
-	snap := &maps.Snapshot{Services: []maps.ServiceView{}}
-	for _, s := range list {
-		v := maps.ServiceView{
-			Protocol: s.Protocol.String(), Address: s.Address, Kind: "ipvs", Scheduler: s.Scheduler,
-			Backends: []maps.BackendView{},
-		}
-		if s.Persistent {
-			v.Flags = append(v.Flags, "persistent")
-			v.Affinity = s.Timeout
-		}
-		if stats {
-			v.Stats.Conns = uint64(s.Stats.Connections)
-			v.Stats.PacketsIn, v.Stats.PacketsOut = uint64(s.Stats.PacketsIn), uint64(s.Stats.PacketsOut)
-			v.Stats.BytesIn, v.Stats.BytesOut = s.Stats.BytesIn, s.Stats.BytesOut
-		}
-		for _, r := range s.Reals {
-			b := maps.BackendView{Address: r.Address, Weight: uint16(r.Weight), ActiveConns: r.ActiveConns, InactiveConns: r.InactiveConns}
-			if stats {
-				b.Stats.Conns = uint64(r.Stats.Connections)
-				b.Stats.PacketsIn, b.Stats.PacketsOut = uint64(r.Stats.PacketsIn), uint64(r.Stats.PacketsOut)
-				b.Stats.BytesIn, b.Stats.BytesOut = r.Stats.BytesIn, r.Stats.BytesOut
-			}
-			v.Backends = append(v.Backends, b)
-		}
-		snap.Services = append(snap.Services, v)
-	}
-	return snap, nil
 }
 
 // parsePortRange reads "LO-HI" (1 <= LO <= HI <= 65535).
@@ -463,10 +412,10 @@ func parseAddrList(s string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// cleanupPins removes the BPF datapath under pinPath, unless an agent is
+// CleanupPins removes the BPF datapath under pinPath, unless an agent is
 // using it (it holds the pin path's lock): pulling the maps from under a
 // running agent would leave it writing to nothing.
-func cleanupPins(pinPath string) error {
+func CleanupPins(pinPath string) error {
 	if _, err := os.Stat(pinPath); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

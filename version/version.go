@@ -1,4 +1,6 @@
-package main
+// Package version is what the xvs binary was built from, for `xvs
+// version`, the agent's start-up log line and the xvs_build_info metric.
+package version
 
 import (
 	"fmt"
@@ -9,9 +11,9 @@ import (
 
 // Set at link time by `make build` (and `make image`):
 //
-//	-X main.version=$(git describe --tags --always --dirty)
-//	-X main.gitCommit=$(git rev-parse HEAD)
-//	-X main.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+//	-X github.com/xvs-lb/xvs/version.version=$(git describe --tags --always --dirty)
+//	-X github.com/xvs-lb/xvs/version.gitCommit=$(git rev-parse HEAD)
+//	-X github.com/xvs-lb/xvs/version.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 //
 // A plain `go build` leaves the defaults.
 var (
@@ -20,20 +22,26 @@ var (
 	buildDate = "unknown"
 )
 
-func versionString() string {
+// Version, GitCommit and BuildDate are the link-time values.
+func Version() string   { return version }
+func GitCommit() string { return gitCommit }
+func BuildDate() string { return buildDate }
+
+// String is the one-line `xvs version`.
+func String() string {
 	return fmt.Sprintf("xvs %s (commit %s, built %s, %s %s/%s)", version, gitCommit, buildDate,
 		runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
-// isVersionFlag reports whether arg asks for the version, as `xvs --version`
-// or `xvs version`.
-func isVersionFlag(arg string) bool {
+// IsFlag reports whether arg asks for the version, as `xvs --version` or
+// `xvs version`.
+func IsFlag(arg string) bool {
 	return arg == "--version" || arg == "-version" || arg == "version"
 }
 
-// buildInfo is kube-proxy's kubernetes_build_info gauge for xvs: constant
+// BuildInfo is kube-proxy's kubernetes_build_info gauge for xvs: constant
 // 1, labelled with what the binary was built from.
-func buildInfo() prometheus.Collector {
+func BuildInfo() prometheus.Collector {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "xvs_build_info",
 		Help: "A metric with a constant '1' value labeled by version, git commit, build date, Go version, compiler and platform from which xvs was built (kubernetes_build_info's labels).",

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	xbpf "github.com/xvs-lb/xvs/bpf"

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -25,11 +25,6 @@ import (
 // xvs_first_sync_held_total), and traffic keeps flowing on the maps as
 // they are.
 const firstSyncGuardMin = 16
-
-// recoveredDatapath is a datapath that can tell what it found programmed.
-type recoveredDatapath interface {
-	RecoveredFrontends() int
-}
 
 func frontendCount(st *model.State) int {
 	n := 0

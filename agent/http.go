@@ -1,7 +1,6 @@
-package main
+package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,11 +10,11 @@ import (
 	"net/http/pprof"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
 	kpv1 "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/xvs-lb/xvs/healthcheck"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
+	"github.com/xvs-lb/xvs/version"
 )
 
 // serveHTTP starts kube-proxy's two servers: /healthz, /livez and /readyz on
@@ -25,12 +24,12 @@ import (
 // else logged. stop shuts the servers down and waits for running
 // handlers: call it before closing what they read (the BPF maps).
 func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode string, m *xmetrics.Metrics) (stop func(), err error) {
-	log.Info("xvs version", "version", version, "commit", gitCommit, "built", buildDate)
-	if err := m.Registry.Register(buildInfo()); err != nil {
+	log.Info("xvs version", "version", version.Version(), "commit", version.GitCommit(), "built", version.BuildDate())
+	if err := m.Registry.Register(version.BuildInfo()); err != nil {
 		return nil, err
 	}
 	metricsMux := http.NewServeMux()
-	metricsMux.Handle("/metrics", metricsHandler(m))
+	metricsMux.Handle("/metrics", m.Handler())
 	metricsMux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -92,27 +91,4 @@ func listenAndServe(addr string, h http.Handler) (*http.Server, error) {
 	srv := healthcheck.NewServer(h)
 	go func() { _ = healthcheck.Serve(srv, ln) }()
 	return srv, nil
-}
-
-// metricsHandler writes the registry in the Prometheus text format, then
-// the datapath-selection metrics of ipvsmode.go (already text).
-func metricsHandler(m *xmetrics.Metrics) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mfs, err := m.Registry.Gather()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		var buf bytes.Buffer
-		enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-		for _, mf := range mfs {
-			if err := enc.Encode(mf); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-		}
-		w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-		_, _ = w.Write(buf.Bytes())
-		metrics.ServeHTTP(w, r)
-	})
 }

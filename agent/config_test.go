@@ -1,6 +1,7 @@
-package main
+package agent
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,20 @@ import (
 // the --config file and the ipvs mode's own flags into one configuration;
 // the file's ipvs.* fields reach the IPVS datapath unless their flags say
 // otherwise.
+// parseAgentArgs is `xvs agent ARGS`'s flag handling (cmd/xvs).
+func parseAgentArgs(args []string) (*Options, settings, error) {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	o := &Options{}
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, settings{}, err
+	}
+	if err := o.Complete(fs); err != nil {
+		return nil, settings{}, err
+	}
+	return o, o.settings(), nil
+}
+
 func TestAgentArgs(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "config.conf")
 	if err := os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -81,7 +96,7 @@ func TestRestConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := restConfig(o); err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
+	if _, err := restConfig(&o.Options); err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
 		t.Fatalf("restConfig outside a cluster: %v", err)
 	}
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
@@ -98,7 +113,7 @@ current-context: x
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := restConfig(o)
+	rc, err := restConfig(&o.Options)
 	if err != nil {
 		t.Fatal(err)
 	}

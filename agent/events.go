@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"sync"
@@ -11,12 +11,12 @@ import (
 // clash), so they are bounded per object: a tenant editing an annotation
 // ten times a second must not turn every node into an Event storm, nor
 // queue a goroutine per Event in the recorder. Each object gets a burst of
-// eventBurst, then one Event per eventEvery (the core events API's spam
+// EventBurst, then one Event per EventEvery (the core events API's spam
 // filter gives 25, then one per 5 minutes; Events here are rarer).
 // Dropped Events are counted in xvs_events_dropped_total.
 const (
-	eventBurst = 5
-	eventEvery = time.Minute
+	EventBurst = 5
+	EventEvery = time.Minute
 	// eventObjects bounds the limiter's memory: beyond it, objects whose
 	// bucket has refilled are forgotten (a forgotten object starts again
 	// with a full burst, which its idleness has earned anyway).

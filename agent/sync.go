@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 type syncerConfig struct {
 	log        *slog.Logger
 	tracker    *controller.Tracker
-	dp         syncDatapath
+	dp         Datapath
 	metrics    *xmetrics.Metrics
 	syncPeriod time.Duration
 	// fullSyncPeriod is how often a full sync runs (0: an hour).
@@ -179,7 +179,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	if b.Full && start.Sub(s.lastRewrite) >= s.fullSyncPeriod {
 		// The datapath rewrites every entry too, repairing maps changed
 		// behind our back.
-		if f, ok := s.dp.(interface{ ForceFullSync() }); ok {
+		if f, ok := s.dp.(fullSyncForcer); ok {
 			f.ForceFullSync()
 		}
 		s.lastRewrite = start
@@ -317,7 +317,7 @@ func (s *syncer) reportDatapathProblems(probs []string) {
 // countStaleFlows adds the UDP/SCTP flows the datapath deleted for their
 // removed endpoints since the last sync to kube-proxy's reconciler counter.
 func (s *syncer) countStaleFlows() {
-	d, ok := s.dp.(interface{ StaleFlowsDeleted() [2]uint64 })
+	d, ok := s.dp.(staleFlowCounter)
 	if !ok {
 		return
 	}

@@ -1,0 +1,418 @@
+// Package agent is the xvs proxy: it resolves kube-proxy's command line and
+// KubeProxyConfiguration (Options), brings up the datapath of the
+// configured mode (ebpf, or ipvs as fallback or by choice), and runs the
+// sync loop that turns the Services, EndpointSlices and Nodes of its source
+// (the Kubernetes API, or a directory of manifests) into datapath state,
+// with kube-proxy's health, readiness and metrics servers and its Events.
+//
+// An Agent has an explicit lifecycle: New brings everything up to serving
+// its HTTP endpoints, Run attaches the programs and syncs until its context
+// ends, Close releases what New took. The datapath stays in place after
+// Close: pinned maps and links keep serving traffic across a restart.
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/xvs-lb/xvs/config"
+	"github.com/xvs-lb/xvs/controller"
+	"github.com/xvs-lb/xvs/controller/runner"
+	"github.com/xvs-lb/xvs/healthcheck"
+	"github.com/xvs-lb/xvs/ipvs"
+	"github.com/xvs-lb/xvs/loader"
+	xmetrics "github.com/xvs-lb/xvs/metrics"
+)
+
+// Options are the agent's resolved command line and configuration file:
+// kube-proxy's (config.Options) and the datapath settings (datapath.go).
+type Options struct {
+	config.Options
+	mode modeFlags // --fallback, the ipvs mode's and the ebpf mode's own flags
+}
+
+// settings is what the datapath start-up (datapath.go) reads: the resolved
+// configuration's datapath fields and the mode flags.
+type settings struct {
+	pinPath          string
+	scheduler        string
+	disableRevNATDbg bool
+	mode             modeFlags
+}
+
+func (o *Options) settings() settings {
+	return settings{pinPath: o.PinPath, scheduler: o.Config.IPVS.Scheduler, disableRevNATDbg: o.DisableRevNATDbg, mode: o.mode}
+}
+
+// NewLogger is the agent's logger: text or json (kube-proxy's
+// logging.format) on standard error, at verbosity v (0 info, 2+ debug).
+func NewLogger(format string, v int) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if v >= 2 {
+		opts.Level = slog.LevelDebug
+	}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// RouteKlog sends client-go's klog output through log, at verbosity v, so
+// that the agent has one log stream in one format.
+func RouteKlog(log *slog.Logger, v int) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", strconv.Itoa(v))
+	klog.SetSlogLogger(log)
+}
+
+// AddFlags registers the agent's flags on fs: kube-proxy's, then the mode
+// flags (datapath.go) it does not already have (the mode flag set also
+// defines --proxy-mode and --metrics-bind-address, which the agent takes
+// from the KubeProxyConfiguration flags instead).
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	o.Options.AddFlags(fs)
+	tmp := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	o.mode.register(tmp)
+	tmp.VisitAll(func(fl *flag.Flag) {
+		if fs.Lookup(fl.Name) == nil {
+			fs.Var(fl.Value, fl.Name, fl.Usage)
+		}
+	})
+}
+
+// Complete resolves the parsed fs and the --config file into the
+// configuration and the datapath settings, and validates them.
+func (o *Options) Complete(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := o.Options.Complete(); err != nil {
+		return err
+	}
+	c := &o.Config
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	o.mode.proxyMode = string(c.Mode)
+	o.mode.metricsAddr = "" // served with the kube-proxy metrics (http.go)
+	ipvsFromConfig(&o.mode, &o.Options, set)
+	conntrackFromConfig(&o.mode, &o.Options)
+	if err := o.mode.validate(); err != nil {
+		return err
+	}
+	if !o.Cleanup && o.Objects != "" && (c.ClientConnection.Kubeconfig != "" || o.Master != "") {
+		return errors.New("--objects and --kubeconfig/--master are alternative sources: give one")
+	}
+	return nil
+}
+
+// ipvsFromConfig takes the ipvs.* fields of the configuration file into
+// the ipvs mode's settings, unless their own flags were given.
+func ipvsFromConfig(m *modeFlags, o *config.Options, set map[string]bool) {
+	v := &o.Config.IPVS
+	if !set["ipvs-strict-arp"] && v.StrictARP {
+		m.ipvsStrictARP = true
+	}
+	if !set["ipvs-exclude-cidrs"] && len(v.ExcludeCIDRs) > 0 {
+		m.ipvsExclude = strings.Join(v.ExcludeCIDRs, ",")
+	}
+	for _, d := range []struct {
+		flag string
+		dst  *time.Duration
+		v    time.Duration
+	}{
+		{"ipvs-tcp-timeout", &m.ipvsTCP, v.TCPTimeout.Duration},
+		{"ipvs-tcpfin-timeout", &m.ipvsTCPFin, v.TCPFinTimeout.Duration},
+		{"ipvs-udp-timeout", &m.ipvsUDP, v.UDPTimeout.Duration},
+	} {
+		if !set[d.flag] && d.v != 0 {
+			*d.dst = d.v
+		}
+	}
+}
+
+// conntrackFromConfig takes the conntrack timeouts of the configuration
+// (or of kube-proxy's --conntrack-* flags) into the ebpf mode's own
+// conntrack.
+func conntrackFromConfig(m *modeFlags, o *config.Options) {
+	ct := &o.Config.Conntrack
+	if ct.TCPEstablishedTimeout != nil {
+		m.timeouts.TCPEstablished = ct.TCPEstablishedTimeout.Duration
+	}
+	if ct.TCPCloseWaitTimeout != nil {
+		m.timeouts.TCPCloseWait = ct.TCPCloseWaitTimeout.Duration
+	}
+	m.timeouts.UDP, m.timeouts.UDPStream = ct.UDPTimeout.Duration, ct.UDPStreamTimeout.Duration
+}
+
+// Cleanup is --cleanup: remove both modes' state, as kube-proxy --cleanup
+// removes every mode's rules.
+func Cleanup(log *slog.Logger, o *Options) error {
+	err := CleanupPins(o.PinPath)
+	icfg, cerr := o.mode.ipvsConfig("", log)
+	if cerr == nil && ipvs.HasState(icfg) {
+		err = errors.Join(err, ipvs.Cleanup(icfg))
+	}
+	if err == nil {
+		log.Info("Removed the xvs datapath", "pinPath", o.PinPath)
+	}
+	return errors.Join(err, cerr)
+}
+
+// adjustOOMScore writes oomScoreAdj to /proc/self/oom_score_adj, as
+// kube-proxy does so that the kernel kills workloads before the proxy. A
+// failure (no privilege to lower it) is logged, not fatal.
+func adjustOOMScore(log *slog.Logger, v int32) {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0); err != nil {
+		log.Warn("Cannot set the OOM score adjustment", "oomScoreAdj", v, "err", err)
+		return
+	}
+	log.Debug("OOM score adjusted", "oomScoreAdj", v)
+}
+
+// setMemoryLimit gives the Go garbage collector a soft limit of 90% of the
+// container's memory limit (cgroup memory.max), so that a large cluster's
+// full sync collects harder instead of being OOM-killed. GOMEMLIMIT (or
+// AUTOMEMLIMIT=off) in the environment takes precedence; without a limit
+// it changes nothing.
+func setMemoryLimit(log *slog.Logger) {
+	limit, err := memlimit.Set(memlimit.WithProvider(memlimit.FromCgroup), memlimit.WithRatio(0.9))
+	switch {
+	case errors.Is(err, memlimit.ErrNoLimit) || (err == nil && limit == math.MaxInt64):
+		log.Debug("No memory limit: the Go garbage collector runs with its defaults")
+	case err != nil:
+		log.Warn("Cannot read the container's memory limit; the Go garbage collector runs with its defaults", "err", err)
+	default:
+		log.Info("Go memory limit set from the container's", "bytes", limit)
+	}
+}
+
+// Agent is one running proxy: its datapath, its source's Tracker, the sync
+// loop and the HTTP servers.
+type Agent struct {
+	log     *slog.Logger
+	o       *Options
+	ccfg    controller.Config
+	metrics *xmetrics.Metrics
+	kube    *kubeClient // nil with the file source
+	active  *activeDatapath
+	tracker *controller.Tracker
+	syncer  *syncer
+	runner  *runner.Runner
+	// closers undo New's steps, last first.
+	closers []func()
+}
+
+// New brings the agent up to serving: the process settings kube-proxy
+// makes (OOM score, conntrack sysctls), the API client, the datapath of
+// the configured mode (with its fallback), the sync loop and the HTTP
+// servers. Nothing is synced before Run. On error, what was brought up is
+// released again.
+func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error) {
+	c := &o.Config
+	a := &Agent{log: log, o: o, metrics: xmetrics.New()}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if a.ccfg, err = o.ControllerConfig(); err != nil {
+		return nil, err
+	}
+	adjustOOMScore(log, *c.OOMScoreAdj)
+	setMemoryLimit(log)
+	if err := applyConntrackSysctls(log, "/proc/sys", c.Conntrack); err != nil {
+		// kube-proxy fails here only for nf_conntrack_max it cannot
+		// raise; xvs serves on, as its own conntrack does not need them.
+		log.Warn("Cannot set the host's conntrack sysctls", "err", err)
+	}
+	if err := a.devices().Validate(); err != nil {
+		return nil, err
+	}
+	for _, fd := range config.Unsupported(c) {
+		log.Warn("Configuration field not supported by xvs; it has no effect", "field", fd.Field, "value", fd.Value, "reason", fd.Reason)
+		a.metrics.UnsupportedConfig.WithLabelValues(fd.Field).Set(1)
+	}
+	if o.Objects == "" {
+		if a.kube, err = newKubeClient(ctx, log, &o.Options, a.ccfg.NodeName, a.metrics.EventsDropped); err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, a.kube.shutdown)
+	}
+	events := &nodeEvents{node: a.ccfg.NodeName, file: o.mode.eventFile, log: log}
+	if a.kube != nil {
+		events.api = a.kube.nodeEvent
+	}
+	if a.active, err = startDatapath(log, o.settings(), events, a.metrics); err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, a.active.close)
+	if err := a.registerDatapathMetrics(); err != nil {
+		return nil, err
+	}
+	if a.tracker, err = controller.NewTracker(a.ccfg); err != nil {
+		return nil, err
+	}
+	a.syncer = newSyncer(syncerConfig{
+		log: log, tracker: a.tracker, dp: a.active.dp, metrics: a.metrics,
+		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: a.ccfg, kube: a.kube,
+	})
+	a.closers = append(a.closers, a.syncer.svcHealth.Close)
+	a.runner = runner.New(runner.Config{MinInterval: c.IPVS.MinSyncPeriod.Duration, MaxInterval: c.IPVS.SyncPeriod.Duration,
+		RetryInterval: time.Second}, a.syncer.sync)
+	a.syncer.trigger = a.runner.Run
+	stopHTTP, err := serveHTTP(log, c, a.syncer, a.active.dp.Mode(), a.metrics)
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, stopHTTP) // closed before the datapath: /metrics reads the maps
+	return a, nil
+}
+
+// Close releases what New brought up, last first. The datapath stays in
+// place: `xvs cleanup` (or --cleanup) is the way to remove it.
+func (a *Agent) Close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+	a.closers = nil
+}
+
+func (a *Agent) devices() loader.DeviceSelector {
+	return loader.DeviceSelector{Patterns: config.SplitList(a.o.Devices), XDP: config.SplitList(a.o.XDPDevices)}
+}
+
+// registerDatapathMetrics adds the datapath's own gauges to the registry:
+// the BPF programs' verdict counters, the conntrack tables' occupancy.
+func (a *Agent) registerDatapathMetrics() error {
+	if a.active.objs != nil {
+		if err := a.metrics.RegisterVerdicts(verdictReader(a.active.objs)); err != nil {
+			return err
+		}
+	}
+	ct, ok := a.active.dp.(conntrackOccupancy)
+	if !ok {
+		return nil
+	}
+	return a.metrics.RegisterConntrack(func() map[string]xmetrics.ConntrackTable {
+		out := map[string]xmetrics.ConntrackTable{}
+		for table, v := range ct.ConntrackOccupancy() {
+			out[table] = xmetrics.ConntrackTable{Entries: v[0], Capacity: v[1]}
+		}
+		return out
+	})
+}
+
+// Run attaches the programs (ebpf mode), starts the source and syncs until
+// ctx ends. The first sync happens once the source holds the whole world:
+// informers synced, or the directory read.
+func (a *Agent) Run(ctx context.Context) error {
+	c, o, log := &a.o.Config, a.o, a.log
+	if a.active.objs != nil {
+		if err := a.attach(ctx); err != nil {
+			return err
+		}
+	}
+	if a.kube != nil {
+		if err := a.kube.startInformers(ctx, a.tracker, c.ConfigSyncPeriod.Duration, o.ServiceProxyName, a.syncer.onEvent); err != nil {
+			if ctx.Err() != nil { // stopped while waiting for the API server
+				log.Info("xvs agent stopping before the first sync; the datapath stays in place")
+				return nil
+			}
+			return err
+		}
+		a.kube.birthCry(string(c.Mode))
+	} else {
+		src := controller.NewFileSource(o.Objects, nodeHealthHandler{Handler: a.tracker, health: a.syncer.health, node: a.ccfg.NodeName}, log)
+		if _, err := src.Load(); err != nil {
+			return fmt.Errorf("read %s: %w", o.Objects, err)
+		}
+		go func() {
+			if err := src.Run(ctx, a.syncer.onFileChange); err != nil && ctx.Err() == nil {
+				log.Error("file source stopped", "err", err)
+			}
+		}()
+	}
+	log.Info("xvs agent running", "node", a.ccfg.NodeName, "source", sourceName(&o.Options), "mode", a.active.dp.Mode(), "pinPath", o.PinPath)
+	a.runner.Run()
+	a.runner.Loop(ctx)
+	log.Info("xvs agent stopping; the datapath stays in place")
+	return nil
+}
+
+// attach puts the programs on the selected devices, and on devices that
+// appear later.
+func (a *Agent) attach(ctx context.Context) error {
+	report := func(at loader.Attachment, err error) {
+		if err != nil {
+			a.log.Warn("attach failed", "err", err)
+			return
+		}
+		a.log.Info("attached", "device", at.Device, "mode", at.Mode)
+	}
+	atts, errs, err := a.active.objs.WatchDevices(ctx, a.devices(), loader.AttachMode(a.o.TCAttach), report)
+	if err != nil {
+		return err
+	}
+	for _, at := range atts {
+		report(at, nil)
+	}
+	for _, e := range errs {
+		report(loader.Attachment{}, e)
+	}
+	return nil
+}
+
+func sourceName(o *config.Options) string {
+	if o.Objects != "" {
+		return "objects:" + o.Objects
+	}
+	return "kubernetes"
+}
+
+// nodeHealthHandler hands this node's Node from the file source to
+// /healthz as well as to the Tracker, as the informer source's events do:
+// a Node being deleted, or tainted ToBeDeletedByClusterAutoscaler, makes
+// the node ineligible.
+type nodeHealthHandler struct {
+	controller.Handler
+	health *healthcheck.ProxyHealth
+	node   string
+}
+
+func (h nodeHealthHandler) syncNode(n *v1.Node, deleted bool) {
+	if n == nil || n.Name != h.node {
+		return
+	}
+	if deleted {
+		n = nil
+	}
+	h.health.SyncNode(n)
+}
+
+func (h nodeHealthHandler) OnNodeAdd(n *v1.Node) bool {
+	h.syncNode(n, false)
+	return h.Handler.OnNodeAdd(n)
+}
+
+func (h nodeHealthHandler) OnNodeUpdate(old, n *v1.Node) bool {
+	h.syncNode(n, false)
+	return h.Handler.OnNodeUpdate(old, n)
+}
+
+func (h nodeHealthHandler) OnNodeDelete(n *v1.Node) bool {
+	h.syncNode(n, true)
+	return h.Handler.OnNodeDelete(n)
+}
