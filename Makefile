@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build lint apiserver kube-proxy test test-unit vmtest demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -16,7 +16,7 @@ help:
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make image   the xvs OCI image as a docker-save tarball, bin/xvs-image.tar (no Docker engine)"
 	@echo "make e2e     one-node Kubernetes cluster in namespaces, xvs as its proxy, upstream e2e Services specs (root; docs/E2E.md)"
-	@echo "make build | generate | generate-check | lint | deps | clean"
+	@echo "make build | build-node | generate | generate-check | lint | deps | clean"
 
 deps:
 	./hack/install-deps.sh
@@ -37,12 +37,22 @@ BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 VERSION_PKG := github.com/xvs-lb/xvs/version
 LDFLAGS    := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(BUILD_DATE)
 
+# bin/xvs is the developer build: the product's subcommands and the
+# harness's (demo, lab, conformance; -tags lab). bin/node/xvs is the
+# DaemonSet's binary, the Dockerfile's: agent, list and cleanup only,
+# linking neither lab nor conformance.
+NODE_BIN ?= bin/node/xvs
 build:
-	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/xvs
+	CGO_ENABLED=0 $(GO) build -tags lab -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/xvs
+
+build-node:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(NODE_BIN) ./cmd/xvs
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags lab ./cmd/xvs
+	$(GO) -C hack/bench vet ./...
 	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h
 
 # Privileged tests (TestPriv*) need root: they fail, never skip, without it.
@@ -52,7 +62,11 @@ lint:
 # needs the sctp module, which this host's kernel lacks (conformance-vm
 # runs it, with ipvs mode, in the VM).
 test: deps generate-check lint apiserver kube-proxy
-	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...
+	@mkdir -p bin
+	$(GO) -C hack/bench test -count=1 ./... > bin/bench-tests.log 2>&1 & bench=$$!; \
+	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...; rc=$$?; \
+	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
+	[ $$rc -eq 0 ] && [ $$brc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) vmtest KERNEL=6.1
 	$(MAKE) vmtest KERNEL=6.12
@@ -71,6 +85,7 @@ apiserver:
 
 test-unit:
 	$(GO) test -count=1 -run 'Test[^P]' ./...
+	$(GO) -C hack/bench test -count=1 -run 'Test[^P]' ./...
 
 # Any directory of conformance scenarios (conformance/FORMAT.md) against one
 # datapath mode, with real traffic in namespaces (root). Results go to
@@ -106,7 +121,8 @@ demo: deps build
 	./$(BIN) demo
 
 bench: deps apiserver kube-proxy
-	$(GO) run ./hack/bench -out docs/BENCHMARKS.md
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench -out docs/BENCHMARKS.md
 	$(MAKE) bench-peers
 
 # The real kube-proxy (test/kubeproxy: upstream cmd/kube-proxy of the
@@ -114,15 +130,17 @@ bench: deps apiserver kube-proxy
 # /var/cache/xvs/kube-proxy (about 3 min cold); hack/bench's peer comparison
 # runs it.
 kube-proxy:
-	$(GO) run ./hack/bench -build-kube-proxy
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench -build-kube-proxy
 
 # xvs beside the real kube-proxy in nftables and iptables mode and the
 # no-proxy floor, one API server, masqueraded and not, interleaved by round
 # (about 25 min). XVS_PEERS_WINDOW sets the masqueraded windows (default
-# 30s); PEERS_FLAGS adds flags (go run ./hack/bench peers -h).
+# 30s); PEERS_FLAGS adds flags (bin/bench peers -h).
 PEERS_FLAGS ?=
 bench-peers: deps apiserver kube-proxy
-	$(GO) run ./hack/bench peers -out docs/BENCHMARKS-peers.md $(PEERS_FLAGS)
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench peers -out docs/BENCHMARKS-peers.md $(PEERS_FLAGS)
 
 clean:
 	rm -rf bin
@@ -134,8 +152,8 @@ clean:
 IMAGE          ?= ghcr.io/xvs-lb/xvs:$(VERSION)
 IMAGE_TAR      ?= bin/xvs-image.tar
 IMAGE_PACKAGES  = bash coreutils bpftool iproute2 ipvsadm kmod nftables
-image: build
-	$(GO) run ./hack/image -o $(IMAGE_TAR) -tag $(IMAGE) -add $(BIN)=/usr/local/bin/xvs \
+image: build-node
+	$(GO) run ./hack/image -o $(IMAGE_TAR) -tag $(IMAGE) -add $(NODE_BIN)=/usr/local/bin/xvs \
 		-rootfs "$$(hack/e2e/rootfs.sh xvs $(IMAGE_PACKAGES))" -entrypoint /usr/local/bin/xvs
 	@echo "$(IMAGE_TAR): $(IMAGE)"
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 )
 
 // The node's firewall and a NetworkPolicy engine's rules against Service
@@ -22,7 +23,7 @@ import (
 
 // calicoRules installs the rules on node A of w and returns a reader of the
 // INVALID drop counter.
-func calicoRules(t *testing.T, w *multiNode) func() string {
+func calicoRules(t *testing.T, w *harness.Multi) func() string {
 	t.Helper()
 	podIf := w.PodA.NodeIface
 	ipt := func(args ...string) {
@@ -44,12 +45,12 @@ func calicoRules(t *testing.T, w *multiNode) func() string {
 	ipt("-A", "cali-FORWARD", "-i", podIf, "-j", fw)
 	ipt("-A", "cali-FORWARD", "-o", podIf, "-j", tw)
 	// Pod A's egress policy: no TCP to pod B.
-	ipt("-A", fw, "-d", mnPodB.String(), "-p", "tcp", "--dport", "8080", "-j", "DROP")
+	ipt("-A", fw, "-d", harness.MultiPodB.String(), "-p", "tcp", "--dport", "8080", "-j", "DROP")
 	// Pod A's ingress policy: no TCP from the client.
-	ipt("-A", tw, "-s", mnClient.String(), "-p", "tcp", "--dport", "8080", "-j", "DROP")
+	ipt("-A", tw, "-s", harness.MultiClient.String(), "-p", "tcp", "--dport", "8080", "-j", "DROP")
 	// The node's host firewall: the client may not reach pod B over TCP
 	// (through node A, whatever the Service).
-	ipt("-A", "cali-FORWARD", "-s", mnClient.String(), "-d", mnPodB.String(), "-p", "tcp", "-j", "DROP")
+	ipt("-A", "cali-FORWARD", "-s", harness.MultiClient.String(), "-d", harness.MultiPodB.String(), "-p", "tcp", "-j", "DROP")
 	return func() string {
 		out, err := lab.Run(w.A.NS, "iptables", "-L", "KUBE-FORWARD", "-v", "-n", "-x")
 		if err != nil {
@@ -59,13 +60,13 @@ func calicoRules(t *testing.T, w *multiNode) func() string {
 	}
 }
 
-func firewallCases(w *multiNode) []clientCase {
+func firewallCases(w *harness.Multi) []clientCase {
 	return []clientCase{
-		{"pod egress policy, ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
-		{"pod ingress policy, NodePort eTP=Local", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30081)},
-		{"pod ingress policy, LoadBalancer IP", w.Client, mnClient, netip.AddrPortFrom(mnLBIP, 80)},
-		{"pod ingress policy, ExternalIP", w.Client, mnClient, netip.AddrPortFrom(mnExtIP, 80)},
-		{"host firewall, masqueraded NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080)},
+		{"pod egress policy, ClusterIP", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80")},
+		{"pod ingress policy, NodePort eTP=Local", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30081)},
+		{"pod ingress policy, LoadBalancer IP", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiLBIP, 80)},
+		{"pod ingress policy, ExternalIP", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiExtIP, 80)},
+		{"host firewall, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080)},
 	}
 }
 
@@ -75,7 +76,7 @@ func firewallCases(w *multiNode) []clientCase {
 // and no reply is dropped as INVALID.
 func TestPrivFirewallNetfilterMode(t *testing.T) {
 	var invalid func() string
-	w := newMultiNodeWorldArgs(t, nil, func(w *multiNode) error { invalid = calicoRules(t, w); return nil })
+	w := newMultiNodeWorldArgs(t, nil, func(w *harness.Multi) error { invalid = calicoRules(t, w); return nil })
 	logVerdicts(t, w)
 	for _, c := range firewallCases(w) {
 		t.Run(c.name, func(t *testing.T) {
@@ -89,7 +90,7 @@ func TestPrivFirewallNetfilterMode(t *testing.T) {
 	}
 	// The pod's own address is denied the same way: the Service adds no
 	// way around the policy.
-	if r := lab.ProbeTCP(w.PodA, mnPodA, netip.AddrPortFrom(mnPodB, 8080), time.Second); r.Verdict != lab.Timeout {
+	if r := lab.ProbeTCP(w.PodA, harness.MultiPodA, netip.AddrPortFrom(harness.MultiPodB, 8080), time.Second); r.Verdict != lab.Timeout {
 		t.Fatalf("TCP pod A -> pod B directly: %v, want a timeout", r)
 	}
 	// Allowed: the outsider, through the eTP=Local NodePort to pod A
@@ -100,14 +101,14 @@ func TestPrivFirewallNetfilterMode(t *testing.T) {
 		dst        netip.AddrPort
 		serve, see netip.Addr
 	}{
-		{netip.AddrPortFrom(mnNodeA, 30081), mnPodA, mnOutsider},
-		{netip.AddrPortFrom(mnNodeA, 30080), mnPodB, mnNodeA},
+		{netip.AddrPortFrom(harness.MultiNodeA, 30081), harness.MultiPodA, harness.MultiOutsider},
+		{netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, harness.MultiNodeA},
 	} {
 		for _, spec := range []lab.TransferSpec{
 			{Download: 8 * mib, Upload: 4 * mib},
 			{HalfClose: lab.HalfCloseClient, Stream: 2 * time.Second, Interval: 200 * time.Millisecond, ChunkSize: 32 << 10},
 		} {
-			r := transfer(t, w.Outsider, mnOutsider, c.dst, spec)
+			r := transfer(t, w.Outsider, harness.MultiOutsider, c.dst, spec)
 			if r.Server.Local != netip.AddrPortFrom(c.serve, 8080) || r.Server.Peer.Addr() != c.see {
 				t.Fatalf("%s %+v: served by %s seeing %s, want %s seeing %s", c.dst, spec, r.Server.Local, r.Server.Peer, c.serve, c.see)
 			}
@@ -141,7 +142,7 @@ func firstCounter(out string) string {
 // (what docs/nodes.md says the mode skips); the pod's own address stays
 // denied, as that traffic is not a Service's.
 func TestPrivFirewallBypassMode(t *testing.T) {
-	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=bypass"}, func(w *multiNode) error { calicoRules(t, w); return nil })
+	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=bypass"}, func(w *harness.Multi) error { calicoRules(t, w); return nil })
 	logVerdicts(t, w)
 	for _, c := range firewallCases(w) {
 		t.Run(c.name, func(t *testing.T) {
@@ -150,7 +151,7 @@ func TestPrivFirewallBypassMode(t *testing.T) {
 			}
 		})
 	}
-	if r := lab.ProbeTCP(w.PodA, mnPodA, netip.AddrPortFrom(mnPodB, 8080), time.Second); r.Verdict != lab.Timeout {
+	if r := lab.ProbeTCP(w.PodA, harness.MultiPodA, netip.AddrPortFrom(harness.MultiPodB, 8080), time.Second); r.Verdict != lab.Timeout {
 		t.Fatalf("TCP pod A -> pod B directly: %v, want a timeout", r)
 	}
 }

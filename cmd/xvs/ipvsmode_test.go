@@ -19,6 +19,7 @@ import (
 	"github.com/xvs-lb/xvs/agent"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 	"github.com/xvs-lb/xvs/maps"
 )
 
@@ -28,7 +29,7 @@ import (
 
 // newIPVSWorld is newWorld with the agent in ipvs mode (or falling back to
 // it) and a short drain interval.
-func newIPVSWorld(t *testing.T, agentArgs ...string) *singleNode {
+func newIPVSWorld(t *testing.T, agentArgs ...string) *harness.Single {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("namespace tests need root (network namespaces, IPVS); run them as root")
@@ -37,15 +38,15 @@ func newIPVSWorld(t *testing.T, agentArgs ...string) *singleNode {
 		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
 	}
 	w := startWorld(t, "i", agentArgs...)
-	if err := w.waitIPVS(len(demoPodIPs), 60*time.Second); err != nil {
+	if err := waitIPVS(w, len(harness.DemoPodIPs), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return w
 }
 
-// listIPVS runs `xvs list --proxy-mode ipvs -o json` in the node namespace.
-func (s *singleNode) listIPVS() (*maps.Snapshot, error) {
-	out, err := lab.Run(s.Node.NS, s.bin, "list", "--proxy-mode", "ipvs", "-o", "json")
+// listIPVSOf runs `xvs list --proxy-mode ipvs -o json` in the node namespace.
+func listIPVSOf(s *harness.Single) (*maps.Snapshot, error) {
+	out, err := lab.Run(s.Node.NS, s.Bin, "list", "--proxy-mode", "ipvs", "-o", "json")
 	if err != nil {
 		return nil, fmt.Errorf("xvs list: %v: %s", err, out)
 	}
@@ -58,14 +59,14 @@ func (s *singleNode) listIPVS() (*maps.Snapshot, error) {
 
 // realServers returns the real servers of the VIP's TCP port with their
 // weights, as `xvs list` reads them from the kernel.
-func (s *singleNode) realServers() (map[netip.AddrPort]maps.BackendView, error) {
-	snap, err := s.listIPVS()
+func realServers(s *harness.Single) (map[netip.AddrPort]maps.BackendView, error) {
+	snap, err := listIPVSOf(s)
 	if err != nil {
 		return nil, err
 	}
 	out := map[netip.AddrPort]maps.BackendView{}
 	for _, sv := range snap.Services {
-		if sv.Address == netip.AddrPortFrom(demoVIP, 80) && sv.Protocol == "TCP" {
+		if sv.Address == netip.AddrPortFrom(harness.DemoVIP, 80) && sv.Protocol == "TCP" {
 			for _, b := range sv.Backends {
 				out[b.Address] = b
 			}
@@ -76,10 +77,10 @@ func (s *singleNode) realServers() (map[netip.AddrPort]maps.BackendView, error) 
 
 // waitIPVS polls until the VIP's TCP virtual server has want real servers
 // of non-zero weight.
-func (s *singleNode) waitIPVS(want int, timeout time.Duration) error {
+func waitIPVS(s *harness.Single, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		rs, err := s.realServers()
+		rs, err := realServers(s)
 		n := 0
 		for _, b := range rs {
 			if b.Weight > 0 {
@@ -106,13 +107,13 @@ func (s *singleNode) waitIPVS(want int, timeout time.Duration) error {
 // virtual servers; masquerade follows the ClusterCIDR detector.
 func TestPrivIPVSTraffic(t *testing.T) {
 	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	udp := netip.AddrPortFrom(demoVIP, 53)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	udp := netip.AddrPortFrom(harness.DemoVIP, 53)
 	for name, probe := range map[string]func() lab.Result{
-		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second) },
-		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 3*time.Second) },
+		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second) },
+		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, harness.DemoClientIP, udp, 3*time.Second) },
 	} {
-		got, err := spread(30, probe)
+		got, err := harness.Spread(30, probe)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -133,7 +134,7 @@ func TestPrivIPVSTraffic(t *testing.T) {
 		}
 	}
 	// `xvs list` in ipvs mode, text form.
-	list, err := lab.Run(w.Node.NS, w.bin, "list")
+	list, err := lab.Run(w.Node.NS, w.Bin, "list")
 	if err != nil {
 		t.Fatalf("xvs list: %v: %s", err, list)
 	}
@@ -144,7 +145,7 @@ func TestPrivIPVSTraffic(t *testing.T) {
 	}
 	t.Logf("xvs list:\n%s", list)
 	// The VIP is on kube-ipvs0.
-	if out, err := lab.Run(w.Node.NS, "ip", "-o", "addr", "show", "dev", "kube-ipvs0"); err != nil || !strings.Contains(string(out), demoVIP.String()+"/32") {
+	if out, err := lab.Run(w.Node.NS, "ip", "-o", "addr", "show", "dev", "kube-ipvs0"); err != nil || !strings.Contains(string(out), harness.DemoVIP.String()+"/32") {
 		t.Errorf("kube-ipvs0: %v %s", err, out)
 	}
 	// A host service (an sshd on every address) is not reachable through a
@@ -153,10 +154,10 @@ func TestPrivIPVSTraffic(t *testing.T) {
 	if _, err := lab.StartEcho(w.Node.NS, netip.AddrPortFrom(netip.IPv4Unspecified(), 2222), lab.TCP); err != nil {
 		t.Fatal(err)
 	}
-	if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoNodeIP, 2222), 3*time.Second); r.Verdict != lab.OK {
+	if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoNodeIP, 2222), 3*time.Second); r.Verdict != lab.OK {
 		t.Fatalf("host service on the node address: %v", r)
 	}
-	if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoVIP, 2222), 3*time.Second); r.Verdict != lab.Refused {
+	if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoVIP, 2222), 3*time.Second); r.Verdict != lab.Refused {
 		t.Errorf("host service through the VIP: %v, want REFUSED", r)
 	}
 
@@ -165,38 +166,38 @@ func TestPrivIPVSTraffic(t *testing.T) {
 	if err := w.Agent.Stop(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.startAgent("--proxy-mode", "ipvs", "--cluster-cidr", "10.244.0.0/16"); err != nil {
+	if err := w.StartAgent("--proxy-mode", "ipvs", "--cluster-cidr", "10.244.0.0/16"); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitIPVS(3, 60*time.Second); err != nil {
+	if err := waitIPVS(w, 3, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var r lab.Result
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if r = lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second); r.Verdict == lab.OK && r.Reply.Peer.Addr() == demoNodeIP {
+		if r = lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second); r.Verdict == lab.OK && r.Reply.Peer.Addr() == harness.DemoNodeIP {
 			break
 		}
 	}
-	if r.Verdict != lab.OK || r.Reply.Peer.Addr() != demoNodeIP {
-		t.Fatalf("off-cluster client with a ClusterCIDR detector: %v, want the node's address %s as peer", r, demoNodeIP)
+	if r.Verdict != lab.OK || r.Reply.Peer.Addr() != harness.DemoNodeIP {
+		t.Fatalf("off-cluster client with a ClusterCIDR detector: %v, want the node's address %s as peer", r, harness.DemoNodeIP)
 	}
 	pod := w.Pods[0]
 	sawOther, sawSelf := false, false
 	for range 12 {
-		r := lab.ProbeTCP(pod, demoPodIPs[0], tcp, 3*time.Second)
+		r := lab.ProbeTCP(pod, harness.DemoPodIPs[0], tcp, 3*time.Second)
 		if r.Verdict != lab.OK {
 			t.Fatalf("pod to VIP: %v", r)
 		}
-		if r.Reply.Local.Addr() == demoPodIPs[0] {
+		if r.Reply.Local.Addr() == harness.DemoPodIPs[0] {
 			// Hairpin: the pod reached itself, which needs masquerade.
 			sawSelf = true
-			if r.Reply.Peer.Addr() == demoPodIPs[0] {
+			if r.Reply.Peer.Addr() == harness.DemoPodIPs[0] {
 				t.Fatalf("hairpin connection not masqueraded: %v", r)
 			}
 			continue
 		}
 		sawOther = true
-		if r.Reply.Peer.Addr() != demoPodIPs[0] {
+		if r.Reply.Peer.Addr() != harness.DemoPodIPs[0] {
 			t.Fatalf("pod source masqueraded: %v, want the pod's own address", r)
 		}
 	}
@@ -210,8 +211,8 @@ func TestPrivIPVSTraffic(t *testing.T) {
 // gets no new connections) and the real server goes once it closes.
 func TestPrivIPVSGracefulTermination(t *testing.T) {
 	w := newIPVSWorld(t, "--proxy-mode", "ipvs", "--ipvs-drain-interval", "1s")
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	reply, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 3*time.Second)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	reply, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 	held := reply.Local
 	// xvs list -c reads the kernel's connection table in ipvs mode.
 	src := c.LocalAddr().(*net.TCPAddr).AddrPort()
-	out, err := lab.Run(w.Node.NS, w.bin, "list", "-c", "--proxy-mode", "ipvs", "-t", tcp.String(), "-o", "json")
+	out, err := lab.Run(w.Node.NS, w.Bin, "list", "-c", "--proxy-mode", "ipvs", "-t", tcp.String(), "-o", "json")
 	if err != nil {
 		t.Fatalf("xvs list -c: %v\n%s", err, out)
 	}
@@ -233,18 +234,18 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 		t.Errorf("xvs list -c in ipvs mode lacks %s -> %s -> %s ESTABLISHED:\n%s", src, tcp, held, out)
 	}
 	var keep []netip.Addr
-	for _, a := range demoPodIPs {
+	for _, a := range harness.DemoPodIPs {
 		if a != held.Addr() {
 			keep = append(keep, a)
 		}
 	}
-	if err := w.writeService(keep); err != nil {
+	if err := w.WriteService(keep); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitIPVS(2, 30*time.Second); err != nil {
+	if err := waitIPVS(w, 2, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	rs, err := w.realServers()
+	rs, err := realServers(w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 	// No new connection goes to it; the held one still works, repeatedly,
 	// across several drain passes.
 	for i := range 15 {
-		r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second)
+		r := lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second)
 		if r.Verdict != lab.OK || r.Reply.Local == held {
 			t.Fatalf("new connection %d: %v (draining backend is %s)", i, r, held)
 		}
@@ -263,7 +264,7 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if rs, _ := w.realServers(); rs[held].Weight != 0 {
+	if rs, _ := realServers(w); rs[held].Weight != 0 {
 		t.Fatalf("draining real server gone or revived while its connection is open: %v", rs)
 	}
 	// Close with a RST: IPVS keeps the entry for its short CLOSE timeout
@@ -274,7 +275,7 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 	c.Close()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		rs, err := w.realServers()
+		rs, err := realServers(w)
 		if err == nil {
 			if _, ok := rs[held]; !ok {
 				break
@@ -298,10 +299,10 @@ func TestPrivIPVSGracefulTermination(t *testing.T) {
 // tested (TestStaleUDPFilter).
 func TestPrivIPVSUDPEndpointChanges(t *testing.T) {
 	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
-	udp := netip.AddrPortFrom(demoVIP, 53)
+	udp := netip.AddrPortFrom(harness.DemoVIP, 53)
 	var uc *net.UDPConn
 	if err := w.Client.Do(func() (err error) {
-		uc, err = net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(demoClientIP, 40053)), net.UDPAddrFromAddrPort(udp))
+		uc, err = net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(harness.DemoClientIP, 40053)), net.UDPAddrFromAddrPort(udp))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -329,15 +330,15 @@ func TestPrivIPVSUDPEndpointChanges(t *testing.T) {
 		}
 	}
 	var keep []netip.Addr
-	for _, a := range demoPodIPs {
+	for _, a := range harness.DemoPodIPs {
 		if a != first.Local.Addr() {
 			keep = append(keep, a)
 		}
 	}
-	if err := w.writeService(keep); err != nil {
+	if err := w.WriteService(keep); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitIPVS(2, 30*time.Second); err != nil {
+	if err := waitIPVS(w, 2, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	out, err := lab.Run(w.Node.NS, "conntrack", "-L", "-p", "udp", "--reply-src", first.Local.Addr().String())
@@ -354,16 +355,16 @@ func TestPrivIPVSUDPEndpointChanges(t *testing.T) {
 		}
 		t.Logf("datagram %d after removal: %v", i, err)
 	}
-	if err != nil || r.Local == first.Local || r.Local.Port() != demoBackendPort {
+	if err != nil || r.Local == first.Local || r.Local.Port() != harness.DemoBackendPort {
 		t.Fatalf("after removing %s: reply %v, %v; want another backend", first.Local, r, err)
 	}
 
 	// #139628: datagrams to a Service without endpoints leave an entry
 	// that, kept, blackholes the client's flow once endpoints come back.
-	if err := w.writeService(nil); err != nil {
+	if err := w.WriteService(nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitIPVS(0, 30*time.Second); err != nil {
+	if err := waitIPVS(w, 0, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -371,10 +372,10 @@ func TestPrivIPVSUDPEndpointChanges(t *testing.T) {
 			t.Fatalf("reply %v from a Service without endpoints", r)
 		}
 	}
-	if err := w.writeService(demoPodIPs); err != nil {
+	if err := w.WriteService(harness.DemoPodIPs); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitIPVS(3, 30*time.Second); err != nil {
+	if err := waitIPVS(w, 3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
@@ -396,8 +397,8 @@ func TestPrivIPVSFallback(t *testing.T) {
 	events := filepath.Join(t.TempDir(), "events.jsonl")
 	const metricsAddr = "127.0.0.1:10249"
 	w := newIPVSWorld(t, "--fallback", "ipvs", "--debug-fail-bpf-load", "--event-file", events, "--metrics-bind-address", metricsAddr)
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	got, err := spread(15, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second) })
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	got, err := harness.Spread(15, func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second) })
 	if err != nil || len(got) != 3 {
 		t.Fatalf("traffic after fallback: %v %v", got, err)
 	}
@@ -446,10 +447,10 @@ func TestPrivIPVSFallback(t *testing.T) {
 	if err := w.Agent.Stop(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.startAgent(); err != nil {
+	if err := w.StartAgent(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitProgrammed(3, 60*time.Second); err != nil {
+	if err := w.WaitProgrammed(3, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	out, err := lab.Run(w.Node.NS, "ipvsadm", "-Ln")
@@ -462,7 +463,7 @@ func TestPrivIPVSFallback(t *testing.T) {
 	if out, err := lab.Run(w.Node.NS, "nft", "list", "table", "ip", ipvs.TableName); err == nil {
 		t.Errorf("nftables table left after switching to ebpf: %s", out)
 	}
-	if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 3*time.Second); r.Verdict != lab.OK {
+	if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second); r.Verdict != lab.OK {
 		t.Fatalf("traffic through the BPF datapath after switching back: %v", r)
 	}
 }

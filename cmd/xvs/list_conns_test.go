@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 	"github.com/xvs-lb/xvs/maps"
 )
 
@@ -19,11 +20,11 @@ import (
 // frontend.
 func TestPrivListConnections(t *testing.T) {
 	w := newWorld(t)
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	udp := netip.AddrPortFrom(demoVIP, 53)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	udp := netip.AddrPortFrom(harness.DemoVIP, 53)
 	list := func(args ...string) []maps.Connection {
 		t.Helper()
-		out, err := lab.Run(w.Node.NS, w.bin, append([]string{"list", "-c", "-o", "json", "--pin-path", w.PinPath}, args...)...)
+		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"list", "-c", "-o", "json", "--pin-path", w.PinPath}, args...)...)
 		if err != nil {
 			t.Fatalf("xvs list -c: %v\n%s", err, out)
 		}
@@ -41,7 +42,7 @@ func TestPrivListConnections(t *testing.T) {
 		return &cs[i]
 	}
 
-	reply, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+	reply, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestPrivListConnections(t *testing.T) {
 	if err := lab.EchoCheck(c, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if r := lab.ProbeUDP(w.Client, demoClientIP, udp, 2*time.Second); r.Verdict != lab.OK {
+	if r := lab.ProbeUDP(w.Client, harness.DemoClientIP, udp, 2*time.Second); r.Verdict != lab.OK {
 		t.Fatalf("UDP probe: %v", r)
 	}
 	cs := list()
@@ -62,7 +63,7 @@ func TestPrivListConnections(t *testing.T) {
 		t.Errorf("listed %+v, want TCP %s -> %s -> %s ESTABLISHED, replied, ~24h to live", *got, src, tcp, reply.Local)
 	}
 	if !slices.ContainsFunc(cs, func(c maps.Connection) bool {
-		return c.Protocol == "UDP" && c.Virtual == udp && c.Source.Addr() == demoClientIP && c.State == "UDP"
+		return c.Protocol == "UDP" && c.Virtual == udp && c.Source.Addr() == harness.DemoClientIP && c.State == "UDP"
 	}) {
 		t.Errorf("no UDP flow to %s listed: %+v", udp, cs)
 	}
@@ -71,12 +72,12 @@ func TestPrivListConnections(t *testing.T) {
 			t.Errorf("-t %s listed %+v", tcp, c)
 		}
 	}
-	for _, c := range list("-u", demoVIP.String()) {
-		if c.Protocol != "UDP" || c.Virtual.Addr() != demoVIP {
-			t.Errorf("-u %s listed %+v", demoVIP, c)
+	for _, c := range list("-u", harness.DemoVIP.String()) {
+		if c.Protocol != "UDP" || c.Virtual.Addr() != harness.DemoVIP {
+			t.Errorf("-u %s listed %+v", harness.DemoVIP, c)
 		}
 	}
-	if out, err := lab.Run(w.Node.NS, w.bin, "list", "-c", "--pin-path", w.PinPath); err != nil || !slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool {
+	if out, err := lab.Run(w.Node.NS, w.Bin, "list", "-c", "--pin-path", w.PinPath); err != nil || !slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool {
 		return strings.HasPrefix(l, "TCP") && strings.Contains(l, "ESTABLISHED") && strings.Contains(l, src.String()) &&
 			strings.Contains(l, tcp.String()) && strings.Contains(l, reply.Local.String())
 	}) {
@@ -102,7 +103,7 @@ func TestPrivListConnections(t *testing.T) {
 // and bytes that came with them.
 func TestPrivListRate(t *testing.T) {
 	w := newWorld(t)
-	tcp := netip.AddrPortFrom(demoVIP, 80)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
 	stop := make(chan struct{})
 	done := make(chan int)
 	go func() {
@@ -115,14 +116,14 @@ func TestPrivListRate(t *testing.T) {
 				done <- n
 				return
 			case <-tick.C:
-				if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, time.Second); r.Verdict == lab.OK {
+				if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, time.Second); r.Verdict == lab.OK {
 					n++
 				}
 			}
 		}
 	}()
 	time.Sleep(time.Second)
-	out, err := lab.Run(w.Node.NS, w.bin, "list", "--rate", "--interval", "4s", "-o", "json", "--pin-path", w.PinPath)
+	out, err := lab.Run(w.Node.NS, w.Bin, "list", "--rate", "--interval", "4s", "-o", "json", "--pin-path", w.PinPath)
 	close(stop)
 	sent := <-done
 	if err != nil {

@@ -4,8 +4,10 @@
 //	xvs agent     run the proxy (Kubernetes API or a directory of manifests)
 //	xvs list      show what is programmed, like ipvsadm -Ln
 //	xvs cleanup   detach and remove every xvs program, link and map
-//	xvs demo      a self-contained demo in network namespaces
-//	xvs lab       the two-node lab, for hands-on work
+//
+// A developer build (make build: go build -tags lab) adds the harness's
+// subcommands (lab/harness): demo, lab and conformance. The DaemonSet's
+// binary (make build-node, the Dockerfile) has only the ones above.
 package main
 
 import (
@@ -20,21 +22,25 @@ type command struct {
 	run           func(args []string) error
 }
 
+// extra holds the subcommands a developer build adds (harness.go).
+var extra []command
+
+func addCommand(name, summary string, run func(args []string) error) {
+	extra = append(extra, command{name, summary, run})
+}
+
 func commands() []command {
-	return []command{
+	return append([]command{
 		{"agent", "run the proxy", runAgent},
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
-		{"demo", "build a node in network namespaces and send traffic to a VIP", runDemo},
-		{"lab", "start the two-node lab in network namespaces (until Ctrl-C)", runLab},
-		{"conformance", "run a directory of conformance scenarios (conformance run DIR --mode ebpf|ipvs)", runConformance},
-	}
+	}, extra...)
 }
 
 func usage() {
 	fmt.Fprintf(os.Stderr, "usage: xvs <command> [flags]\n\ncommands:\n")
 	for _, c := range commands() {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(os.Stderr, "  %-12s %s\n", c.name, c.summary)
 	}
 }
 

@@ -9,20 +9,21 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 )
 
 // newMultiNodeWorld builds the two-node lab, runs setup (changes to the
 // nodes the agents must find at start), then starts both agents.
-func newMultiNodeWorld(t *testing.T, setup ...func(*multiNode) error) *multiNode {
+func newMultiNodeWorld(t *testing.T, setup ...func(*harness.Multi) error) *harness.Multi {
 	t.Helper()
 	return newMultiNodeWorldArgs(t, nil, setup...)
 }
 
 // newMultiNodeWorldArgs is newMultiNodeWorld with extra agent arguments
 // (both nodes).
-func newMultiNodeWorldArgs(t *testing.T, agentArgs []string, setup ...func(*multiNode) error) *multiNode {
+func newMultiNodeWorldArgs(t *testing.T, agentArgs []string, setup ...func(*harness.Multi) error) *harness.Multi {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("multi-node lab tests need root (network namespaces, BPF); run them as root")
@@ -31,7 +32,7 @@ func newMultiNodeWorldArgs(t *testing.T, agentArgs []string, setup ...func(*mult
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := newMultiNode("mn", bin)
+	w, err := harness.NewMulti("mn", bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func newMultiNodeWorldArgs(t *testing.T, agentArgs []string, setup ...func(*mult
 			t.Fatal(err)
 		}
 	}
-	if err := w.startAgents(agentArgs...); err != nil {
+	if err := w.StartAgents(agentArgs...); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -101,39 +102,39 @@ func expectVerdict(t *testing.T, probe probeFunc, ns *lab.NS, src netip.Addr, ds
 // with real TCP and UDP through two nodes, each running its own agent.
 func TestPrivMultiNodeNorthSouth(t *testing.T) {
 	w := newMultiNodeWorld(t)
-	podA := netip.AddrPortFrom(mnPodA, 8080)
-	podB := netip.AddrPortFrom(mnPodB, 8080)
+	podA := netip.AddrPortFrom(harness.MultiPodA, 8080)
+	podB := netip.AddrPortFrom(harness.MultiPodB, 8080)
 	ap := func(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
 
 	for name, probe := range protos {
 		t.Run(name, func(t *testing.T) {
 			// NodePort, eTP=Cluster, backend on the other node: the
 			// backend sees node A (masquerade), the client the NodePort.
-			expectReach(t, probe, w.Client, mnClient, ap(mnNodeA, 30080), mnNodeA, 8, podB)
+			expectReach(t, probe, w.Client, harness.MultiClient, ap(harness.MultiNodeA, 30080), harness.MultiNodeA, 8, podB)
 			// eTP=Local: the local endpoint only, with the client's own
 			// address, on the NodePort, the ExternalIP and the LB IP.
-			for _, dst := range []netip.AddrPort{ap(mnNodeA, 30081), ap(mnExtIP, 80), ap(mnLBIP, 80)} {
-				expectReach(t, probe, w.Client, mnClient, dst, mnClient, 8, podA)
+			for _, dst := range []netip.AddrPort{ap(harness.MultiNodeA, 30081), ap(harness.MultiExtIP, 80), ap(harness.MultiLBIP, 80)} {
+				expectReach(t, probe, w.Client, harness.MultiClient, dst, harness.MultiClient, 8, podA)
 			}
 			// loadBalancerSourceRanges: outside them, no answer from the
 			// LB IP; the NodePort of the same Service ignores them.
-			expectVerdict(t, probe, w.Outsider, mnOutsider, ap(mnLBIP, 80), lab.Timeout)
-			expectReach(t, probe, w.Outsider, mnOutsider, ap(mnNodeA, 30081), mnOutsider, 4, podA)
+			expectVerdict(t, probe, w.Outsider, harness.MultiOutsider, ap(harness.MultiLBIP, 80), lab.Timeout)
+			expectReach(t, probe, w.Outsider, harness.MultiOutsider, ap(harness.MultiNodeA, 30081), harness.MultiOutsider, 4, podA)
 			// No endpoints at all: refused, promptly.
-			expectVerdict(t, probe, w.Client, mnClient, ap(mnNodeA, 30082), lab.Refused)
-			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.32"), 80), lab.Refused)
+			expectVerdict(t, probe, w.Client, harness.MultiClient, ap(harness.MultiNodeA, 30082), lab.Refused)
+			expectVerdict(t, probe, w.PodA, harness.MultiPodA, ap(netip.MustParseAddr("172.30.0.32"), 80), lab.Refused)
 			// Pod to ClusterIP, remote backend: the pod's own address.
-			expectReach(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.30"), 80), mnPodA, 4, podB)
+			expectReach(t, probe, w.PodA, harness.MultiPodA, ap(netip.MustParseAddr("172.30.0.30"), 80), harness.MultiPodA, 4, podB)
 			// Pod to an eTP=Local NodePort: short-circuited to every
 			// endpoint, unmasqueraded (except when it lands on itself).
-			got := expectReach(t, probe, w.PodB, mnPodB, ap(mnNodeB, 30081), netip.Addr{}, 24, podA, podB)
+			got := expectReach(t, probe, w.PodB, harness.MultiPodB, ap(harness.MultiNodeB, 30081), netip.Addr{}, 24, podA, podB)
 			if got[podA] == 0 || got[podB] == 0 {
 				t.Fatalf("pod to eTP=Local NodePort reached %v, want both endpoints", got)
 			}
 			// Wrong port on a live ClusterIP: refused; an unallocated
 			// service address: dropped.
-			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.30"), 81), lab.Refused)
-			expectVerdict(t, probe, w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.5.5"), 80), lab.Timeout)
+			expectVerdict(t, probe, w.PodA, harness.MultiPodA, ap(netip.MustParseAddr("172.30.0.30"), 81), lab.Refused)
+			expectVerdict(t, probe, w.PodA, harness.MultiPodA, ap(netip.MustParseAddr("172.30.5.5"), 80), lab.Timeout)
 		})
 	}
 
@@ -144,14 +145,14 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 	// are not served (nftables parity).
 	for name, probe := range protos {
 		t.Run("host-"+name, func(t *testing.T) {
-			expectReach(t, probe, w.A.NS, mnNodeA, ap(netip.MustParseAddr("172.30.0.30"), 80), mnNodeA, 6, podB)
-			expectReach(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30080), mnNodeA, 6, podB)
-			got := expectReach(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30081), mnNodeA, 24, podA, podB)
+			expectReach(t, probe, w.A.NS, harness.MultiNodeA, ap(netip.MustParseAddr("172.30.0.30"), 80), harness.MultiNodeA, 6, podB)
+			expectReach(t, probe, w.A.NS, harness.MultiNodeA, ap(harness.MultiNodeA, 30080), harness.MultiNodeA, 6, podB)
+			got := expectReach(t, probe, w.A.NS, harness.MultiNodeA, ap(harness.MultiNodeA, 30081), harness.MultiNodeA, 24, podA, podB)
 			if got[podA] == 0 || got[podB] == 0 {
 				t.Fatalf("host to eTP=Local NodePort reached %v, want both endpoints", got)
 			}
-			expectVerdict(t, probe, w.A.NS, mnNodeA, ap(mnLBIP, 80), lab.Timeout)
-			expectVerdict(t, probe, w.A.NS, mnNodeA, ap(mnNodeA, 30082), lab.Refused)
+			expectVerdict(t, probe, w.A.NS, harness.MultiNodeA, ap(harness.MultiLBIP, 80), lab.Timeout)
+			expectVerdict(t, probe, w.A.NS, harness.MultiNodeA, ap(harness.MultiNodeA, 30082), lab.Refused)
 			if r := probe(w.A.NS, netip.MustParseAddr("127.0.0.1"), ap(netip.MustParseAddr("127.0.0.1"), 30080), time.Second); r.Verdict == lab.OK {
 				t.Fatalf("localhost NodePort answered: %v", r)
 			}
@@ -162,18 +163,18 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 	// to node A; to pod B it keeps its address.
 	hair := 0
 	for i := 0; i < 40 && hair < 2; i++ {
-		r := lab.ProbeTCP(w.PodA, mnPodA, ap(netip.MustParseAddr("172.30.0.31"), 80), 2*time.Second)
+		r := lab.ProbeTCP(w.PodA, harness.MultiPodA, ap(netip.MustParseAddr("172.30.0.31"), 80), 2*time.Second)
 		if r.Verdict != lab.OK {
 			t.Fatal(r)
 		}
 		switch r.Reply.Local {
 		case podA:
 			hair++
-			if r.Reply.Peer.Addr() != mnNodeA {
+			if r.Reply.Peer.Addr() != harness.MultiNodeA {
 				t.Fatalf("hairpin: the pod saw itself as %s, want node A", r.Reply.Peer)
 			}
 		case podB:
-			if r.Reply.Peer.Addr() != mnPodA {
+			if r.Reply.Peer.Addr() != harness.MultiPodA {
 				t.Fatalf("pod to ClusterIP, remote backend saw %s", r.Reply.Peer)
 			}
 		}
@@ -184,7 +185,7 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 
 	// The client's packets came in on node A's external interface, where
 	// the XDP program translated them.
-	m, err := maps.OpenPinned(w.pins["node-a"])
+	m, err := maps.OpenPinned(w.Pins["node-a"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,8 +228,8 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 // and the terminating fallback, seen from a pod on each node.
 func TestPrivMultiNodePolicies(t *testing.T) {
 	w := newMultiNodeWorld(t)
-	podA := netip.AddrPortFrom(mnPodA, 8080)
-	podB := netip.AddrPortFrom(mnPodB, 8080)
+	podA := netip.AddrPortFrom(harness.MultiPodA, 8080)
+	podB := netip.AddrPortFrom(harness.MultiPodB, 8080)
 	svc := func(last byte) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{172, 30, 0, last}), 80)
 	}
@@ -237,7 +238,7 @@ func TestPrivMultiNodePolicies(t *testing.T) {
 		ip   netip.Addr
 		self netip.AddrPort
 	}
-	a, b := client{w.PodA, mnPodA, podA}, client{w.PodB, mnPodB, podB}
+	a, b := client{w.PodA, harness.MultiPodA, podA}, client{w.PodB, harness.MultiPodB, podB}
 	for name, probe := range protos {
 		t.Run(name, func(t *testing.T) {
 			for _, c := range []client{a, b} {
@@ -260,7 +261,7 @@ func TestPrivMultiNodePolicies(t *testing.T) {
 			// node A, served on node B.
 			expectVerdict(t, probe, a.ns, a.ip, svc(39), lab.Timeout)
 			// (pod B reaching itself: hairpin, masqueraded to node B)
-			expectReach(t, probe, b.ns, b.ip, svc(39), mnNodeB, 4, podB)
+			expectReach(t, probe, b.ns, b.ip, svc(39), harness.MultiNodeB, 4, podB)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 )
 
 // The test binary doubles as the xvs binary: the agents the tests start
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 
 // newWorld builds the single-node world and starts the agent with every
 // pod as an endpoint. It fails (never skips) without root.
-func newWorld(t *testing.T, agentArgs ...string) *singleNode {
+func newWorld(t *testing.T, agentArgs ...string) *harness.Single {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("namespace tests need root (network namespaces, BPF); run them as root")
@@ -35,7 +36,7 @@ func newWorld(t *testing.T, agentArgs ...string) *singleNode {
 	w := startWorld(t, "t", agentArgs...)
 	// The first sync waits for the programs' verification: ~10 s per
 	// agent in the rig's emulated 6.1 guest, more on a busy host.
-	if err := w.waitProgrammed(len(demoPodIPs), 60*time.Second); err != nil {
+	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -44,13 +45,13 @@ func newWorld(t *testing.T, agentArgs ...string) *singleNode {
 // startWorld builds the single-node world (namespaces under tag), writes
 // the demo Service with every pod and starts the agent; the world goes
 // away with the test, and the agent's log is shown when the test failed.
-func startWorld(t *testing.T, tag string, agentArgs ...string) *singleNode {
+func startWorld(t *testing.T, tag string, agentArgs ...string) *harness.Single {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := newSingleNode(tag, bin)
+	w, err := harness.NewSingle(tag, bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,31 +63,33 @@ func startWorld(t *testing.T, tag string, agentArgs ...string) *singleNode {
 		}
 		w.Close()
 	})
-	if err := w.writeService(demoPodIPs); err != nil {
+	if err := w.WriteService(harness.DemoPodIPs); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.startAgent(agentArgs...); err != nil {
+	if err := w.StartAgent(agentArgs...); err != nil {
 		t.Fatal(err)
 	}
 	return w
 }
 
-func podAddr(i int) netip.AddrPort { return netip.AddrPortFrom(demoPodIPs[i], demoBackendPort) }
+func podAddr(i int) netip.AddrPort {
+	return netip.AddrPortFrom(harness.DemoPodIPs[i], harness.DemoBackendPort)
+}
 
 // TestPrivNamespaceTraffic: real TCP and UDP from a client namespace through
 // the node to three backend namespaces.
 func TestPrivNamespaceTraffic(t *testing.T) {
 	w := newWorld(t)
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	udp := netip.AddrPortFrom(demoVIP, 53)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	udp := netip.AddrPortFrom(harness.DemoVIP, 53)
 
 	for name, probe := range map[string]func() lab.Result{
-		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) },
+		"TCP": func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second) },
 		// The probe's socket is connected to the VIP: a reply from any
 		// other source (no reverse NAT) would never reach it.
-		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 2*time.Second) },
+		"UDP": func() lab.Result { return lab.ProbeUDP(w.Client, harness.DemoClientIP, udp, 2*time.Second) },
 	} {
-		got, err := spread(60, probe)
+		got, err := harness.Spread(60, probe)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -98,7 +101,7 @@ func TestPrivNamespaceTraffic(t *testing.T) {
 	// Long-lived connections stay on their backend and see the VIP as
 	// their peer all along.
 	for range 3 {
-		reply, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+		reply, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,15 +137,15 @@ func TestPrivNamespaceTraffic(t *testing.T) {
 	// Removing an endpoint from the manifests stops new connections to it
 	// within a second.
 	start := time.Now()
-	if err := w.writeService(demoPodIPs[:2]); err != nil {
+	if err := w.WriteService(harness.DemoPodIPs[:2]); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.waitProgrammed(2, time.Second); err != nil {
+	if err := w.WaitProgrammed(2, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("endpoint removal programmed in %v", time.Since(start))
 	for i := range 40 {
-		r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+		r := lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
 		if r.Verdict != lab.OK || r.Reply.Local == podAddr(2) {
 			t.Fatalf("connection %d after removal: %v", i, r)
 		}
@@ -159,8 +162,8 @@ func TestPrivContinuity(t *testing.T) {
 				t.Skip("no TCX before Linux 6.6 (the VM's 6.1): the legacy subtest covers this kernel")
 			}
 			w := newWorld(t, "--tc-attach", mode)
-			tcp := netip.AddrPortFrom(demoVIP, 80)
-			_, c, err := lab.DialTCP(w.Client, demoClientIP, tcp, 2*time.Second)
+			tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+			_, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,13 +195,13 @@ func TestPrivContinuity(t *testing.T) {
 					t.Fatal(err)
 				}
 				time.Sleep(100 * time.Millisecond) // no agent at all for a while
-				if err := w.startAgent("--tc-attach", mode); err != nil {
+				if err := w.StartAgent("--tc-attach", mode); err != nil {
 					t.Fatal(err)
 				}
-				if err := w.waitProgrammed(3, 10*time.Second); err != nil {
+				if err := w.WaitProgrammed(3, 10*time.Second); err != nil {
 					t.Fatalf("restart %d: %v", i, err)
 				}
-				if r := lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second); r.Verdict != lab.OK {
+				if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second); r.Verdict != lab.OK {
 					t.Fatalf("new connection after restart %d: %v", i, r)
 				}
 			}

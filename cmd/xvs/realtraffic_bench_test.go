@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 )
 
 // BenchmarkPrivMasqueradeCPS: new TCP connections per second (connect,
@@ -32,12 +33,12 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 	for _, c := range []struct {
 		name   string
 		extra  []string
-		client func(w *multiNode) (*lab.NS, netip.AddrPort)
+		client func(w *harness.Multi) (*lab.NS, netip.AddrPort)
 	}{
-		{"pod-clusterip-unmasqueraded", nil, func(w *multiNode) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
-		{"pod-clusterip-masquerade-all", []string{"--masquerade-all"}, func(w *multiNode) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
-		{"external-nodeport-masqueraded", nil, func(w *multiNode) (*lab.NS, netip.AddrPort) {
-			return w.Client, netip.AddrPortFrom(mnNodeA, 30090)
+		{"pod-clusterip-unmasqueraded", nil, func(w *harness.Multi) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
+		{"pod-clusterip-masquerade-all", []string{"--masquerade-all"}, func(w *harness.Multi) (*lab.NS, netip.AddrPort) { return w.PodA, clusterIP }},
+		{"external-nodeport-masqueraded", nil, func(w *harness.Multi) (*lab.NS, netip.AddrPort) {
+			return w.Client, netip.AddrPortFrom(harness.MultiNodeA, 30090)
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -51,7 +52,7 @@ func BenchmarkPrivMasqueradeCPS(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(ok)/window.Seconds(), "conn/s")
 			b.ReportMetric(float64(failed), "failures")
-			for name, pin := range w.pins {
+			for name, pin := range w.Pins {
 				vs, err := agentVerdicts(pin)
 				if err != nil {
 					b.Fatal(err)
@@ -85,14 +86,14 @@ func BenchmarkPrivSpreadCPS(b *testing.B) {
 				for i := range n {
 					ip := netip.AddrFrom4([4]byte{172, 30, 16 + byte(i/250), byte(1 + i%250)})
 					dsts = append(dsts, netip.AddrPortFrom(ip, 80))
-					fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Service\nmetadata: {name: spread-%d, namespace: lab}\nspec:\n  clusterIP: %s\n  clusterIPs: [%s]\n  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}]\n", i, ip, ip)
-					fmt.Fprintf(&m, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: spread-%d-1, namespace: lab, labels: {kubernetes.io/service-name: spread-%d}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.1.21], nodeName: node-b}, {addresses: [10.244.1.22], nodeName: node-b}, {addresses: [10.244.1.23], nodeName: node-b}]\nports: [{name: tcp, port: 8080, protocol: TCP}]\n", i, i)
+					fmt.Fprintf(&m, "---\napiVersion: v1\nkind: Service\nmetadata: {name: harness.Spread-%d, namespace: lab}\nspec:\n  clusterIP: %s\n  clusterIPs: [%s]\n  ports: [{name: tcp, port: 80, targetPort: 8080, protocol: TCP}]\n", i, ip, ip)
+					fmt.Fprintf(&m, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: harness.Spread-%d-1, namespace: lab, labels: {kubernetes.io/service-name: harness.Spread-%d}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.1.21], nodeName: node-b}, {addresses: [10.244.1.22], nodeName: node-b}, {addresses: [10.244.1.23], nodeName: node-b}]\nports: [{name: tcp, port: 8080, protocol: TCP}]\n", i, i)
 				}
 				w := newBenchWorldWith(b, m.String(), "--netfilter-mode="+mode)
 				deadline := time.Now().Add(30 * time.Second)
-				for lab.ProbeTCP(w.PodA, mnPodA, dsts[len(dsts)-1], time.Second).Verdict != lab.OK {
+				for lab.ProbeTCP(w.PodA, harness.MultiPodA, dsts[len(dsts)-1], time.Second).Verdict != lab.OK {
 					if time.Now().After(deadline) {
-						b.Fatal("last spread Service never reachable")
+						b.Fatal("last harness.Spread Service never reachable")
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
@@ -104,7 +105,7 @@ func BenchmarkPrivSpreadCPS(b *testing.B) {
 				b.StopTimer()
 				b.ReportMetric(float64(ok)/window.Seconds(), "conn/s")
 				b.ReportMetric(float64(failed), "failures")
-				vs, err := agentVerdicts(w.pins["node-a"])
+				vs, err := agentVerdicts(w.Pins["node-a"])
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -130,14 +131,14 @@ func cpsWindow(b *testing.B) time.Duration {
 	return d
 }
 
-func newBenchWorld(b *testing.B, extra ...string) *multiNode {
+func newBenchWorld(b *testing.B, extra ...string) *harness.Multi {
 	b.Helper()
 	return newBenchWorldWith(b, "", extra...)
 }
 
 // newBenchWorldWith is newBenchWorld with more manifests (more appended to
 // the bench Service's).
-func newBenchWorldWith(b *testing.B, more string, extra ...string) *multiNode {
+func newBenchWorldWith(b *testing.B, more string, extra ...string) *harness.Multi {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Fatal("needs root")
@@ -146,7 +147,7 @@ func newBenchWorldWith(b *testing.B, more string, extra ...string) *multiNode {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w, err := newMultiNode("mnb", bin)
+	w, err := harness.NewMulti("mnb", bin)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -163,12 +164,12 @@ func newBenchWorldWith(b *testing.B, more string, extra ...string) *multiNode {
 	if err := os.WriteFile(filepath.Join(w.Dir, "bench.yaml"), []byte(benchManifests+more), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	if err := w.startAgents(extra...); err != nil {
+	if err := w.StartAgents(extra...); err != nil {
 		b.Fatal(err)
 	}
 	// Both agents program the bench Service too.
 	deadline := time.Now().Add(10 * time.Second)
-	for lab.ProbeTCP(w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.50:80"), time.Second).Verdict != lab.OK {
+	for lab.ProbeTCP(w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.50:80"), time.Second).Verdict != lab.OK {
 		if time.Now().After(deadline) {
 			b.Fatal("bench Service never reachable")
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 	"github.com/xvs-lb/xvs/maps"
 )
 
@@ -47,12 +48,12 @@ func agentVerdicts(pin string) (map[string]uint64, error) {
 }
 
 // logVerdicts logs the agents' nonzero verdict counters when t fails.
-func logVerdicts(t *testing.T, w *multiNode) {
+func logVerdicts(t *testing.T, w *harness.Multi) {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
 		}
-		for name, pin := range w.pins {
+		for name, pin := range w.Pins {
 			vs, err := agentVerdicts(pin)
 			if err != nil {
 				t.Logf("%s: %v", name, err)
@@ -97,7 +98,7 @@ func TestPrivRealTrafficBulk(t *testing.T) { inBothModes(t, testRealTrafficBulk)
 
 func testRealTrafficBulk(t *testing.T, args []string) {
 	w := newMultiNodeWorldArgs(t, args)
-	podB := netip.AddrPortFrom(mnPodB, 8080)
+	podB := netip.AddrPortFrom(harness.MultiPodB, 8080)
 	for _, c := range []struct {
 		name string
 		ns   *lab.NS
@@ -105,8 +106,8 @@ func testRealTrafficBulk(t *testing.T, args []string) {
 		dst  netip.AddrPort
 		peer netip.Addr // the source the backend must see
 	}{
-		{"external client, masqueraded NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080), mnNodeA},
-		{"pod, ClusterIP, remote endpoint", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80"), mnPodA},
+		{"external client, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiNodeA},
+		{"pod, ClusterIP, remote endpoint", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80"), harness.MultiPodA},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for _, spec := range []lab.TransferSpec{
@@ -134,8 +135,8 @@ func TestPrivRealTrafficHalfClose(t *testing.T) { inBothModes(t, testRealTraffic
 func testRealTrafficHalfClose(t *testing.T, args []string) {
 	w := newMultiNodeWorldArgs(t, args)
 	for _, c := range []clientCase{
-		{"NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080)},
-		{"ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
+		{"NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080)},
+		{"ClusterIP", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -154,7 +155,7 @@ func testRealTrafficHalfClose(t *testing.T, args []string) {
 
 // replaceManifest rewrites the lab's manifests in place (the file source
 // picks the change up), failing when old is not there.
-func replaceManifest(t *testing.T, w *multiNode, old, new string) {
+func replaceManifest(t *testing.T, w *harness.Multi, old, new string) {
 	t.Helper()
 	path := filepath.Join(w.Dir, "lab.yaml")
 	b, err := os.ReadFile(path)
@@ -183,15 +184,15 @@ func TestPrivRealTrafficUDPEndpointChange(t *testing.T) {
 
 func testRealTrafficUDPEndpointChange(t *testing.T, args []string) {
 	w := newMultiNodeWorldArgs(t, args)
-	podA, podB := netip.AddrPortFrom(mnPodA, 8080), netip.AddrPortFrom(mnPodB, 8080)
+	podA, podB := netip.AddrPortFrom(harness.MultiPodA, 8080), netip.AddrPortFrom(harness.MultiPodB, 8080)
 	sessions := []*lab.UDPSession{}
 	for _, c := range []struct {
 		ns  *lab.NS
 		src netip.AddrPort
 		dst netip.AddrPort
 	}{
-		{w.Client, netip.AddrPortFrom(mnClient, 5353), netip.AddrPortFrom(mnNodeA, 30080)},
-		{w.PodA, netip.AddrPortFrom(mnPodA, 5353), netip.MustParseAddrPort("172.30.0.30:80")},
+		{w.Client, netip.AddrPortFrom(harness.MultiClient, 5353), netip.AddrPortFrom(harness.MultiNodeA, 30080)},
+		{w.PodA, netip.AddrPortFrom(harness.MultiPodA, 5353), netip.MustParseAddrPort("172.30.0.30:80")},
 	} {
 		s, err := lab.StartUDPSession(c.ns, c.src, c.dst, lab.UDPSpec{Size: 1400, Interval: 50 * time.Millisecond})
 		if err != nil {
@@ -296,7 +297,7 @@ func TestPrivRealTrafficHostNetworkEndpoint(t *testing.T) {
 
 func testRealTrafficHostNetworkEndpoint(t *testing.T, args []string) {
 	w := newMultiNodeWorldArgs(t, args)
-	host := netip.AddrPortFrom(mnNodeA, 8443)
+	host := netip.AddrPortFrom(harness.MultiNodeA, 8443)
 	if _, err := lab.StartBulk(w.A.NS, host); err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +310,7 @@ func testRealTrafficHostNetworkEndpoint(t *testing.T, args []string) {
 	for _, c := range []struct {
 		ns  *lab.NS
 		src netip.Addr
-	}{{w.PodA, mnPodA}, {w.PodB, mnPodB}} {
+	}{{w.PodA, harness.MultiPodA}, {w.PodB, harness.MultiPodB}} {
 		for lab.ProbeTCP(c.ns, c.src, vip, time.Second).Verdict != lab.OK {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: the hostNetwork Service was never reachable", c.src)
@@ -324,9 +325,9 @@ func testRealTrafficHostNetworkEndpoint(t *testing.T, args []string) {
 		dst  netip.AddrPort
 		peer netip.Addr
 	}{
-		{"pod on the node, ClusterIP", w.PodA, mnPodA, vip, mnPodA},
-		{"pod on the other node, ClusterIP", w.PodB, mnPodB, vip, mnPodB},
-		{"external client, NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30443), mnClient},
+		{"pod on the node, ClusterIP", w.PodA, harness.MultiPodA, vip, harness.MultiPodA},
+		{"pod on the other node, ClusterIP", w.PodB, harness.MultiPodB, vip, harness.MultiPodB},
+		{"external client, NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30443), harness.MultiClient},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for _, spec := range []lab.TransferSpec{{Download: 20 * mib, Upload: 5 * mib}, {Download: 1}} {
@@ -356,25 +357,25 @@ func TestPrivRealTrafficMultiHomed(t *testing.T) { inBothModes(t, testRealTraffi
 
 func testRealTrafficMultiHomed(t *testing.T, args []string) {
 	fabricA := netip.MustParseAddr("192.168.61.2")
-	w := newMultiNodeWorldArgs(t, args, func(w *multiNode) error {
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		dev := w.A.IfaceNames(lab.RoleFabric)[0]
 		if err := w.A.AddAddr(dev, netip.PrefixFrom(fabricA, 32)); err != nil {
 			return err
 		}
-		if err := w.B.DelRoute(netip.PrefixFrom(mnNodeA, 32)); err != nil {
+		if err := w.B.DelRoute(netip.PrefixFrom(harness.MultiNodeA, 32)); err != nil {
 			return err
 		}
 		bdev := w.B.IfaceNames(lab.RoleFabric)[0]
 		return w.B.AddRoute(netip.PrefixFrom(fabricA, 32), netip.Addr{}, bdev)
 	})
 	for _, spec := range []lab.TransferSpec{{Download: 20 * mib, Upload: 10 * mib}, {Download: 1}} {
-		r := transfer(t, w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080), spec)
-		if r.Server.Local != netip.AddrPortFrom(mnPodB, 8080) || r.Server.Peer.Addr() != fabricA {
+		r := transfer(t, w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080), spec)
+		if r.Server.Local != netip.AddrPortFrom(harness.MultiPodB, 8080) || r.Server.Peer.Addr() != fabricA {
 			t.Fatalf("served by %s seeing %s, want the pod on node B seeing %s (the fabric interface's address)",
 				r.Server.Local, r.Server.Peer, fabricA)
 		}
 	}
-	r, err := lab.UDPExchange(w.Client, netip.AddrPortFrom(mnClient, 0), netip.AddrPortFrom(mnNodeA, 30080), 1200, 2*time.Second)
+	r, err := lab.UDPExchange(w.Client, netip.AddrPortFrom(harness.MultiClient, 0), netip.AddrPortFrom(harness.MultiNodeA, 30080), 1200, 2*time.Second)
 	if err != nil || r.Server.Peer.Addr() != fabricA {
 		t.Fatalf("UDP: %+v, %v: want the pod on node B seeing %s", r, err, fabricA)
 	}
@@ -397,7 +398,7 @@ func testRealTrafficMultiHomed(t *testing.T, args []string) {
 func TestPrivRealTrafficPathMTU(t *testing.T) { inBothModes(t, testRealTrafficPathMTU) }
 
 func testRealTrafficPathMTU(t *testing.T, args []string) {
-	w := newMultiNodeWorldArgs(t, args, func(w *multiNode) error {
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		for _, n := range []*lab.Node{w.A, w.B} {
 			for _, dev := range n.IfaceNames(lab.RoleFabric) {
 				l, err := n.Netlink().LinkByName(dev)
@@ -413,15 +414,15 @@ func testRealTrafficPathMTU(t *testing.T, args []string) {
 	})
 	logVerdicts(t, w)
 	for _, c := range []clientCase{
-		{"pod, ClusterIP", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.30:80")},
-		{"pod, NodePort (masqueraded)", w.PodA, mnPodA, netip.AddrPortFrom(mnNodeA, 30080)},
+		{"pod, ClusterIP", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80")},
+		{"pod, NodePort (masqueraded)", w.PodA, harness.MultiPodA, netip.AddrPortFrom(harness.MultiNodeA, 30080)},
 		// Through node A's XDP fast path (its external interfaces).
-		{"external client, NodePort (masqueraded, XDP)", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30080)},
+		{"external client, NodePort (masqueraded, XDP)", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			before, _ := agentVerdicts(w.pins["node-a"])
+			before, _ := agentVerdicts(w.Pins["node-a"])
 			transfer(t, c.ns, c.src, c.dst, lab.TransferSpec{Upload: 10 * mib, Download: 10 * mib})
-			after, err := agentVerdicts(w.pins["node-a"])
+			after, err := agentVerdicts(w.Pins["node-a"])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -443,7 +444,7 @@ func TestPrivRealTrafficL3Device(t *testing.T) { inBothModes(t, testRealTrafficL
 func testRealTrafficL3Device(t *testing.T, args []string) {
 	tunClient := netip.MustParseAddr("192.0.2.30")
 	var client *lab.NS
-	w := newMultiNodeWorldArgs(t, args, func(w *multiNode) error {
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		var err error
 		client, err = w.Lab.AddTunClient(w.A, "tunc", tunClient)
 		return err
@@ -453,9 +454,9 @@ func testRealTrafficL3Device(t *testing.T, args []string) {
 		dst        netip.AddrPort
 		serve, see netip.Addr
 	}{
-		{netip.AddrPortFrom(mnNodeA, 30080), mnPodB, mnNodeA},
-		{netip.AddrPortFrom(mnNodeA, 30081), mnPodA, tunClient},
-		{netip.AddrPortFrom(mnLBIP, 80), mnPodA, tunClient},
+		{netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, harness.MultiNodeA},
+		{netip.AddrPortFrom(harness.MultiNodeA, 30081), harness.MultiPodA, tunClient},
+		{netip.AddrPortFrom(harness.MultiLBIP, 80), harness.MultiPodA, tunClient},
 	} {
 		for _, spec := range []lab.TransferSpec{{Download: 8 * mib, Upload: 2 * mib}, {Download: 1, Upload: 1}} {
 			r := transfer(t, client, tunClient, c.dst, spec)
@@ -464,8 +465,8 @@ func testRealTrafficL3Device(t *testing.T, args []string) {
 			}
 		}
 	}
-	expectVerdict(t, lab.ProbeTCP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
-	expectVerdict(t, lab.ProbeUDP, client, tunClient, netip.AddrPortFrom(mnNodeA, 30082), lab.Refused)
+	expectVerdict(t, lab.ProbeTCP, client, tunClient, netip.AddrPortFrom(harness.MultiNodeA, 30082), lab.Refused)
+	expectVerdict(t, lab.ProbeUDP, client, tunClient, netip.AddrPortFrom(harness.MultiNodeA, 30082), lab.Refused)
 }
 
 // icmpManifests: UDP Services whose endpoints have no socket on the target
@@ -514,7 +515,7 @@ ports: [{name: udp, port: 9999, protocol: UDP}]
 // of the quote, xvs its DNAT) and through an eTP=Local NodePort. In the
 // default netfilter mode; bypass mode does not translate ICMP errors yet.
 func TestPrivRealTrafficICMPErrors(t *testing.T) {
-	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=pass"}, func(w *multiNode) error {
+	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=pass"}, func(w *harness.Multi) error {
 		f, err := os.OpenFile(filepath.Join(w.Dir, "lab.yaml"), os.O_APPEND|os.O_WRONLY, 0)
 		if err != nil {
 			return err
@@ -525,9 +526,9 @@ func TestPrivRealTrafficICMPErrors(t *testing.T) {
 	})
 	logVerdicts(t, w)
 	for _, c := range []clientCase{
-		{"pod, ClusterIP, remote endpoint", w.PodA, mnPodA, netip.MustParseAddrPort("172.30.0.40:80")},
-		{"external client, masqueraded NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30083)},
-		{"external client, eTP=Local NodePort", w.Client, mnClient, netip.AddrPortFrom(mnNodeA, 30084)},
+		{"pod, ClusterIP, remote endpoint", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.40:80")},
+		{"external client, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30083)},
+		{"external client, eTP=Local NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30084)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if r := lab.ProbeUDP(c.ns, c.src, c.dst, 2*time.Second); r.Verdict != lab.Refused {
@@ -535,7 +536,7 @@ func TestPrivRealTrafficICMPErrors(t *testing.T) {
 			}
 		})
 	}
-	vs, err := agentVerdicts(w.pins["node-a"])
+	vs, err := agentVerdicts(w.Pins["node-a"])
 	if err != nil {
 		t.Fatal(err)
 	}

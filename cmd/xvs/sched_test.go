@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
 )
 
 // chiSquareCritical are the chi-square critical values at significance
@@ -34,14 +35,14 @@ func chiSquare(observed []int, shares []float64) float64 {
 
 // reprogram rewrites the Service and waits until `xvs list` shows the
 // scheduler, the affinity timeout and the endpoints asked for.
-func reprogram(t *testing.T, w *singleNode, eps []netip.Addr, o serviceOpts, sched string) {
+func reprogram(t *testing.T, w *harness.Single, eps []netip.Addr, o harness.ServiceOpts, sched string) {
 	t.Helper()
-	if err := w.writeServiceWith(eps, o); err != nil {
+	if err := w.WriteServiceWith(eps, o); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		sv, err := w.programmed()
+		sv, err := w.Programmed()
 		if err == nil && sv != nil && sv.Scheduler == sched && int(sv.Affinity) == o.Affinity && len(sv.Backends) == len(eps) {
 			return
 		}
@@ -53,11 +54,11 @@ func reprogram(t *testing.T, w *singleNode, eps []netip.Addr, o serviceOpts, sch
 }
 
 // connectN makes n TCP connections from src and counts them per pod.
-func connectN(t *testing.T, w *singleNode, ns *lab.NS, src netip.Addr, n int) []int {
+func connectN(t *testing.T, w *harness.Single, ns *lab.NS, src netip.Addr, n int) []int {
 	t.Helper()
-	counts := make([]int, len(demoPodIPs))
+	counts := make([]int, len(harness.DemoPodIPs))
 	for i := range n {
-		r := lab.ProbeTCP(ns, src, netip.AddrPortFrom(demoVIP, 80), 2*time.Second)
+		r := lab.ProbeTCP(ns, src, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second)
 		if r.Verdict != lab.OK {
 			t.Fatalf("connection %d from %s: %v", i, src, r)
 		}
@@ -68,7 +69,7 @@ func connectN(t *testing.T, w *singleNode, ns *lab.NS, src netip.Addr, n int) []
 
 func podIndex(t *testing.T, ap netip.AddrPort) int {
 	t.Helper()
-	for i := range demoPodIPs {
+	for i := range harness.DemoPodIPs {
 		if podAddr(i) == ap {
 			return i
 		}
@@ -78,7 +79,7 @@ func podIndex(t *testing.T, ap netip.AddrPort) int {
 }
 
 // manyClients adds a client namespace with n addresses from 198.51.100.0/24.
-func manyClients(t *testing.T, w *singleNode, n int) (*lab.NS, []netip.Addr) {
+func manyClients(t *testing.T, w *harness.Single, n int) (*lab.NS, []netip.Addr) {
 	t.Helper()
 	var addrs []netip.Addr
 	for i := range n {
@@ -98,18 +99,18 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 	even := []float64{1. / 3, 1. / 3, 1. / 3}
 
 	t.Run("random", func(t *testing.T) {
-		reprogram(t, w, demoPodIPs, serviceOpts{}, "random")
-		c := connectN(t, w, w.Client, demoClientIP, 300)
+		reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{}, "random")
+		c := connectN(t, w, w.Client, harness.DemoClientIP, 300)
 		x := chiSquare(c, even)
 		t.Logf("random: %v, chi-square %.2f (critical %.2f at 0.001)", c, x, chiSquareCritical[2])
 		if x > chiSquareCritical[2] {
-			t.Fatalf("random spread %v is not uniform (chi-square %.2f)", c, x)
+			t.Fatalf("random harness.Spread %v is not uniform (chi-square %.2f)", c, x)
 		}
 	})
 
 	t.Run("rr", func(t *testing.T) {
-		reprogram(t, w, demoPodIPs, serviceOpts{Annotations: map[string]string{"xvs.io/scheduler": "rr"}}, "rr")
-		c := connectN(t, w, w.Client, demoClientIP, 300)
+		reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": "rr"}}, "rr")
+		c := connectN(t, w, w.Client, harness.DemoClientIP, 300)
 		t.Logf("rr: %v", c)
 		for i, n := range c {
 			if n != 100 {
@@ -119,9 +120,9 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 	})
 
 	t.Run("wrr", func(t *testing.T) {
-		weights := fmt.Sprintf("%s=3,%s=2,%s=1", demoPodIPs[0], demoPodIPs[1], demoPodIPs[2])
-		reprogram(t, w, demoPodIPs, serviceOpts{Annotations: map[string]string{"xvs.io/scheduler": "wrr", "xvs.io/weights": weights}}, "wrr")
-		c := connectN(t, w, w.Client, demoClientIP, 300)
+		weights := fmt.Sprintf("%s=3,%s=2,%s=1", harness.DemoPodIPs[0], harness.DemoPodIPs[1], harness.DemoPodIPs[2])
+		reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": "wrr", "xvs.io/weights": weights}}, "wrr")
+		c := connectN(t, w, w.Client, harness.DemoClientIP, 300)
 		x := chiSquare(c, []float64{3. / 6, 2. / 6, 1. / 6})
 		t.Logf("wrr 3:2:1: %v, chi-square %.2f", c, x)
 		// One cycle is 6 connections, so 300 are 50 whole cycles.
@@ -131,7 +132,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 	})
 
 	t.Run("lc", func(t *testing.T) {
-		reprogram(t, w, demoPodIPs, serviceOpts{Annotations: map[string]string{"xvs.io/scheduler": "lc"}}, "lc")
+		reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": "lc"}}, "lc")
 		var held []net.Conn
 		on := map[int][]net.Conn{}
 		defer func() {
@@ -140,7 +141,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 			}
 		}()
 		hold := func() int {
-			r, c, err := lab.DialTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoVIP, 80), 2*time.Second)
+			r, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,7 +154,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 			hold()
 		}
 		if len(on[0]) != 2 || len(on[1]) != 2 || len(on[2]) != 2 {
-			t.Fatalf("lc spread 6 held connections as %d/%d/%d, want 2 each", len(on[0]), len(on[1]), len(on[2]))
+			t.Fatalf("lc harness.Spread 6 held connections as %d/%d/%d, want 2 each", len(on[0]), len(on[1]), len(on[2]))
 		}
 		// Pod 1 lets go of both its connections: it now holds the fewest,
 		// so the next two new connections go there.
@@ -172,7 +173,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 	many, addrs := manyClients(t, w, 48)
 	for _, sched := range []string{"sh", "mh"} {
 		t.Run(sched, func(t *testing.T) {
-			reprogram(t, w, demoPodIPs, serviceOpts{Annotations: map[string]string{"xvs.io/scheduler": sched}}, sched)
+			reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": sched}}, sched)
 			reached := map[int]bool{}
 			for _, a := range addrs[:16] {
 				c := connectN(t, w, many, a, 5)
@@ -184,7 +185,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 					}
 				}
 				if n != 1 {
-					t.Fatalf("%s: client %s spread over %v, want one backend", sched, a, c)
+					t.Fatalf("%s: client %s harness.Spread over %v, want one backend", sched, a, c)
 				}
 			}
 			if len(reached) < 2 {
@@ -196,16 +197,16 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 	t.Run("mh-removal", func(t *testing.T) {
 		before := map[netip.Addr]int{}
 		for _, a := range addrs {
-			r := lab.ProbeTCP(many, a, netip.AddrPortFrom(demoVIP, 80), 2*time.Second)
+			r := lab.ProbeTCP(many, a, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second)
 			if r.Verdict != lab.OK {
 				t.Fatal(r)
 			}
 			before[a] = podIndex(t, r.Reply.Local)
 		}
-		reprogram(t, w, demoPodIPs[:2], serviceOpts{Annotations: map[string]string{"xvs.io/scheduler": "mh"}}, "mh")
+		reprogram(t, w, harness.DemoPodIPs[:2], harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": "mh"}}, "mh")
 		moved, hadRemoved := 0, 0
 		for _, a := range addrs {
-			r := lab.ProbeTCP(many, a, netip.AddrPortFrom(demoVIP, 80), 2*time.Second)
+			r := lab.ProbeTCP(many, a, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second)
 			if r.Verdict != lab.OK {
 				t.Fatal(r)
 			}
@@ -226,7 +227,7 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 		if moved != hadRemoved || frac < 0.13 || frac > 0.54 {
 			t.Fatalf("moved %d (of which %d had the removed backend): not about 1/3", moved, hadRemoved)
 		}
-		reprogram(t, w, demoPodIPs, serviceOpts{}, "random")
+		reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{}, "random")
 	})
 }
 
@@ -236,9 +237,9 @@ func TestPrivSchedulersRealTraffic(t *testing.T) {
 func TestPrivAffinityRealTraffic(t *testing.T) {
 	w := newWorld(t)
 	rr := map[string]string{"xvs.io/scheduler": "rr"}
-	reprogram(t, w, demoPodIPs, serviceOpts{Annotations: rr, Affinity: 2}, "rr")
+	reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: rr, Affinity: 2}, "rr")
 
-	first := connectN(t, w, w.Client, demoClientIP, 20)
+	first := connectN(t, w, w.Client, harness.DemoClientIP, 20)
 	sticky := -1
 	for i, n := range first {
 		if n == 20 {
@@ -246,19 +247,19 @@ func TestPrivAffinityRealTraffic(t *testing.T) {
 		}
 	}
 	if sticky < 0 {
-		t.Fatalf("20 connections with ClientIP affinity spread as %v", first)
+		t.Fatalf("20 connections with ClientIP affinity harness.Spread as %v", first)
 	}
 	// rr alone would rotate; after the 2s timeout the client gets the
 	// next rr choice, which is another pod.
 	time.Sleep(2500 * time.Millisecond)
-	after := connectN(t, w, w.Client, demoClientIP, 1)
+	after := connectN(t, w, w.Client, harness.DemoClientIP, 1)
 	if after[sticky] == 1 {
 		t.Fatalf("affinity to pod %d outlived its 2s timeout", sticky)
 	}
 
 	// Switch affinity off and on while connections keep coming and one
 	// connection is held open.
-	_, held, err := lab.DialTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoVIP, 80), 2*time.Second)
+	_, held, err := lab.DialTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestPrivAffinityRealTraffic(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for !stop.Load() {
-			if r := lab.ProbeTCP(w.Client, demoClientIP, netip.AddrPortFrom(demoVIP, 80), 2*time.Second); r.Verdict != lab.OK {
+			if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoVIP, 80), 2*time.Second); r.Verdict != lab.OK {
 				failures.Add(1)
 			}
 			if err := lab.EchoCheck(held, 2*time.Second); err != nil {
@@ -278,14 +279,14 @@ func TestPrivAffinityRealTraffic(t *testing.T) {
 			}
 		}
 	}()
-	reprogram(t, w, demoPodIPs, serviceOpts{Annotations: rr}, "rr")
-	if c := connectN(t, w, w.Client, demoClientIP, 30); c[0] == 0 || c[1] == 0 || c[2] == 0 {
-		t.Fatalf("without affinity, rr spread 30 connections as %v", c)
+	reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: rr}, "rr")
+	if c := connectN(t, w, w.Client, harness.DemoClientIP, 30); c[0] == 0 || c[1] == 0 || c[2] == 0 {
+		t.Fatalf("without affinity, rr harness.Spread 30 connections as %v", c)
 	}
-	reprogram(t, w, demoPodIPs, serviceOpts{Annotations: rr, Affinity: 60}, "rr")
-	c := connectN(t, w, w.Client, demoClientIP, 30)
+	reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: rr, Affinity: 60}, "rr")
+	c := connectN(t, w, w.Client, harness.DemoClientIP, 30)
 	if c[0] != 30 && c[1] != 30 && c[2] != 30 {
-		t.Fatalf("with affinity switched on, 30 connections spread as %v", c)
+		t.Fatalf("with affinity switched on, 30 connections harness.Spread as %v", c)
 	}
 	stop.Store(true)
 	wg.Wait()

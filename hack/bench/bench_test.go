@@ -29,7 +29,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		t.Fatalf("build xvs: %v: %s", err, b)
 	}
 	opts := Options{
-		Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go test ./hack/bench/", Log: testLog{t},
+		Out: out, Sizes: []int{10, 1}, Samples: 300, Command: "go -C hack/bench test ./...", Log: testLog{t},
 		Traffic: TrafficOptions{Sizes: []int{1, 20}, RulesMax: 20, Rounds: 1, Workers: 2, Warmup: 50 * time.Millisecond, Window: 200 * time.Millisecond,
 			Datapaths: []datapath{dpFloor, dpXvs, dpNftables, dpIptables, dpAgentEBPF}, XvsBin: bin},
 		Control: ControlOptions{Sizes: []int{10, 50}, Changes: 4, APISizes: []int{20}},
@@ -79,7 +79,7 @@ func TestPrivBenchVMTiny(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
 	opts := Options{
-		Out: out, Sizes: []int{1}, Samples: 100, Command: "go test ./hack/bench/", Log: testLog{t},
+		Out: out, Sizes: []int{1}, Samples: 100, Command: "go -C hack/bench test ./...", Log: testLog{t},
 		VM: VMOptions{Kernel: "6.12", Timeout: 10 * time.Minute, Traffic: TrafficOptions{Sizes: []int{1}, RulesMax: 1, Rounds: 1, Workers: 2,
 			Warmup: 100 * time.Millisecond, Window: 300 * time.Millisecond}},
 	}

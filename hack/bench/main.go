@@ -2,11 +2,13 @@
 // the empty tc program (the floor) with BPF_PROG_TEST_RUN, at growing
 // numbers of Services, and writes docs/BENCHMARKS.md with a PNG plot.
 //
-//	go run ./hack/bench [-out docs/BENCHMARKS.md] [-sizes 1,1000,10000,100000] [-samples N]
+//	bin/bench [-out docs/BENCHMARKS.md] [-sizes 1,1000,10000,100000] [-samples N]
 //
 // It needs root (it loads BPF programs) and leaves nothing behind: every
 // size loads fresh objects under /sys/fs/bpf/xvs-bench-<pid>-<n> and removes
-// them afterwards, also on error or Ctrl-C. `make bench` runs it.
+// them afterwards, also on error or Ctrl-C. `make bench` builds it (hack/bench
+// is its own module, so that gonum/plot stays out of the product's go.mod)
+// into bin/bench, and runs it from the repository root.
 package main
 
 import (
@@ -127,7 +129,7 @@ func parseFlags(args []string) (Options, error) {
 		Out:     *out,
 		Sizes:   ns,
 		Samples: *samples,
-		Command: strings.TrimSpace("go run ./hack/bench " + strings.Join(args, " ")),
+		Command: strings.TrimSpace("bin/bench " + strings.Join(args, " ")),
 		Log:     os.Stderr,
 		Traffic: TrafficOptions{Sizes: ts, RulesMax: *rulesMax, Rounds: *rounds, Workers: *workers, Warmup: *warmup, Window: *window,
 			Datapaths: dps, XvsBin: *xvsBin, KeepGoing: *guestJSON != ""},

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// peersMain is `go run ./hack/bench peers [flags]`: the comparison with
+// peersMain is `bin/bench peers [flags]`: the comparison with
 // the real kube-proxy alone, into its own report.
 func peersMain(args []string) int {
 	o, err := parsePeersFlags(args)
@@ -82,7 +82,7 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	}
 	return PeersOptions{
 		OneService: *target == "one",
-		Out:        *out, Command: strings.TrimSpace("go run ./hack/bench peers " + strings.Join(args, " ")),
+		Out:        *out, Command: strings.TrimSpace("bin/bench peers " + strings.Join(args, " ")),
 		Sizes: ns, Rounds: *rounds, Workers: *workers, Window: *window, WindowUnmasq: *windowUnmasq, Warmup: *warmup,
 		ReadyTimeout: *ready, SlowSync: *slowSync, Proxies: ps, Masq: masqs, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
 	}, nil

@@ -23,7 +23,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "BENCHMARKS-peers.md")
 	o := PeersOptions{
-		Out: out, Command: "go test ./hack/bench/", Sizes: []int{1, 3}, Rounds: 1, Workers: 2,
+		Out: out, Command: "go -C hack/bench test ./...", Sizes: []int{1, 3}, Rounds: 1, Workers: 2,
 		Window: 300 * time.Millisecond, WindowUnmasq: 200 * time.Millisecond, Warmup: 100 * time.Millisecond,
 		ReadyTimeout: time.Minute, Proxies: []peerProxy{ppFloor, ppNftables, ppIptables, ppXvs, ppXvsBypass}, Log: testLog{t},
 	}

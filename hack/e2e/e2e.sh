@@ -77,8 +77,8 @@ trap 'exit 130' INT TERM
 
 # ---- Images, as docker-save tarballs (hack/image), imported by node.sh.
 if [[ -z ${XVS_BIN:-} ]]; then
-  nice -n 10 make -s build >&2
-  XVS_BIN=bin/xvs
+  nice -n 10 make -s build-node >&2
+  XVS_BIN=bin/node/xvs
 fi
 img() { go run ./hack/image "$@"; }
 img -o "$RIG/images/xvs.tar" -tag ghcr.io/xvs-lb/xvs:e2e -add "$XVS_BIN=/usr/local/bin/xvs" \

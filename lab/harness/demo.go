@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"flag"
@@ -7,16 +7,16 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
-	"github.com/xvs-lb/xvs/maps"
 )
 
-// runDemo builds a node in network namespaces, serves a Service through xvs
+// RunDemo builds a node in network namespaces, serves a Service through xvs
 // and sends real TCP and UDP traffic to its VIP.
-func runDemo(args []string) error {
+func RunDemo(args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	conns := fs.Int("connections", 30, "TCP connections and UDP datagrams to send")
 	if err := fs.Parse(args); err != nil {
@@ -36,7 +36,7 @@ func runDemo(args []string) error {
 		return err
 	}
 	fmt.Println("==> building a node, three backend pods and a client in network namespaces")
-	w, err := newSingleNode("demo", bin)
+	w, err := NewSingle("demo", bin)
 	if err != nil {
 		return err
 	}
@@ -51,63 +51,60 @@ func runDemo(args []string) error {
 			os.Exit(130)
 		}
 	}()
-	if err := w.writeService(demoPodIPs); err != nil {
+	if err := w.WriteService(DemoPodIPs); err != nil {
 		return err
 	}
-	fmt.Printf("    node %s (%s), pods %v, client %s\n", w.Node.Name, demoNodeIP, demoPodIPs, demoClientIP)
+	fmt.Printf("    node %s (%s), pods %v, client %s\n", w.Node.Name, DemoNodeIP, DemoPodIPs, DemoClientIP)
 	fmt.Printf("==> starting `xvs agent --objects %s` in the node namespace\n", w.Dir)
-	if err := w.startAgent(); err != nil {
+	if err := w.StartAgent(); err != nil {
 		return err
 	}
-	if err := w.waitProgrammed(len(demoPodIPs), 15*time.Second); err != nil {
+	if err := w.WaitProgrammed(len(DemoPodIPs), 15*time.Second); err != nil {
 		return err
 	}
 
-	tcp := netip.AddrPortFrom(demoVIP, 80)
-	udp := netip.AddrPortFrom(demoVIP, 53)
+	tcp := netip.AddrPortFrom(DemoVIP, 80)
+	udp := netip.AddrPortFrom(DemoVIP, 53)
 	fmt.Printf("==> %d TCP connections from the client to %s\n", *conns, tcp)
-	tcpSpread, err := spread(*conns, func() lab.Result { return lab.ProbeTCP(w.Client, demoClientIP, tcp, 2*time.Second) })
+	tcpSpread, err := Spread(*conns, func() lab.Result { return lab.ProbeTCP(w.Client, DemoClientIP, tcp, 2*time.Second) })
 	if err != nil {
 		return err
 	}
 	printSpread(tcpSpread, *conns)
 	fmt.Printf("==> %d UDP datagrams from the client to %s\n", *conns, udp)
-	udpSpread, err := spread(*conns, func() lab.Result { return lab.ProbeUDP(w.Client, demoClientIP, udp, 2*time.Second) })
+	udpSpread, err := Spread(*conns, func() lab.Result { return lab.ProbeUDP(w.Client, DemoClientIP, udp, 2*time.Second) })
 	if err != nil {
 		return err
 	}
 	printSpread(udpSpread, *conns)
 
-	fmt.Printf("==> xvs list --pin-path %s\n", w.PinPath)
-	m, err := maps.OpenPinned(w.PinPath)
-	if err != nil {
-		return err
+	// What an operator would type on the node.
+	for _, args := range [][]string{{"list"}, {"list", "--stats"}} {
+		args = append(args, "--pin-path", w.PinPath)
+		fmt.Printf("\n==> xvs %s\n", strings.Join(args, " "))
+		out, err := lab.Run(w.Node.NS, bin, args...)
+		os.Stdout.Write(out)
+		if err != nil {
+			return fmt.Errorf("xvs %s: %w", strings.Join(args, " "), err)
+		}
 	}
-	defer m.Close()
-	snap, err := m.Read(true)
-	if err != nil {
-		return err
-	}
-	printList(os.Stdout, snap, false)
-	fmt.Printf("\n==> xvs list --stats --pin-path %s\n", w.PinPath)
-	printList(os.Stdout, snap, true)
-	if len(tcpSpread) != len(demoPodIPs) || len(udpSpread) != len(demoPodIPs) {
-		return fmt.Errorf("traffic did not reach all %d backends", len(demoPodIPs))
+	if len(tcpSpread) != len(DemoPodIPs) || len(udpSpread) != len(DemoPodIPs) {
+		return fmt.Errorf("traffic did not reach all %d backends", len(DemoPodIPs))
 	}
 	return nil
 }
 
-// spread runs n probes and counts which backend answered each. Every
+// Spread runs n probes and counts which backend answered each. Every
 // answer must show the client's own address as the peer: ClusterIP traffic
 // is not masqueraded.
-func spread(n int, probe func() lab.Result) (map[netip.AddrPort]int, error) {
+func Spread(n int, probe func() lab.Result) (map[netip.AddrPort]int, error) {
 	out := map[netip.AddrPort]int{}
 	for range n {
 		r := probe()
 		if r.Verdict != lab.OK {
 			return out, fmt.Errorf("probe failed: %v", r)
 		}
-		if r.Reply.Peer.Addr() != demoClientIP {
+		if r.Reply.Peer.Addr() != DemoClientIP {
 			return out, fmt.Errorf("backend saw %s, not the client's address", r.Reply.Peer)
 		}
 		out[r.Reply.Local]++

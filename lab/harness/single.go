@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"fmt"
@@ -13,10 +13,10 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 )
 
-// singleNode is the demo's (and the namespace tests') world: one node
+// Single is the demo's (and the namespace tests') world: one node
 // namespace running an xvs agent, backend pods with echo servers, and an
 // external client, all with real sockets.
-type singleNode struct {
+type Single struct {
 	Lab     *lab.Lab
 	Node    *lab.Node
 	Pods    []*lab.NS
@@ -24,31 +24,31 @@ type singleNode struct {
 	Dir     string // the agent's --objects directory
 	PinPath string
 	Agent   *lab.Process
-	bin     string
+	Bin     string
 }
 
 var (
-	demoVIP      = netip.MustParseAddr("172.30.0.10")
-	demoNodeIP   = netip.MustParseAddr("192.168.50.2")
-	demoClientIP = netip.MustParseAddr("192.0.2.10")
-	demoPodIPs   = []netip.Addr{
+	DemoVIP      = netip.MustParseAddr("172.30.0.10")
+	DemoNodeIP   = netip.MustParseAddr("192.168.50.2")
+	DemoClientIP = netip.MustParseAddr("192.0.2.10")
+	DemoPodIPs   = []netip.Addr{
 		netip.MustParseAddr("10.244.0.11"),
 		netip.MustParseAddr("10.244.0.12"),
 		netip.MustParseAddr("10.244.0.13"),
 	}
 )
 
-const demoBackendPort = 8080
+const DemoBackendPort = 8080
 
-// newSingleNode builds the namespaces and starts the echo servers; bin is
+// NewSingle builds the namespaces and starts the echo servers; bin is
 // the xvs binary that will run as the agent.
-func newSingleNode(tag, bin string) (_ *singleNode, err error) {
+func NewSingle(tag, bin string) (_ *Single, err error) {
 	prefix := lab.UniquePrefix(tag)
 	l, err := lab.New(prefix)
 	if err != nil {
 		return nil, err
 	}
-	s := &singleNode{Lab: l, bin: bin, PinPath: filepath.Join("/sys/fs/bpf", strings.TrimSuffix(prefix, "-"))}
+	s := &Single{Lab: l, Bin: bin, PinPath: filepath.Join("/sys/fs/bpf", strings.TrimSuffix(prefix, "-"))}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -57,20 +57,20 @@ func newSingleNode(tag, bin string) (_ *singleNode, err error) {
 	if s.Dir, err = os.MkdirTemp("", prefix); err != nil {
 		return nil, err
 	}
-	if s.Node, err = l.AddNode("node", demoNodeIP); err != nil {
+	if s.Node, err = l.AddNode("node", DemoNodeIP); err != nil {
 		return nil, err
 	}
-	for i, ip := range demoPodIPs {
+	for i, ip := range DemoPodIPs {
 		pod, err := l.AddPod(s.Node, fmt.Sprintf("pod%d", i+1), ip)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := lab.StartEcho(pod, netip.AddrPortFrom(ip, demoBackendPort)); err != nil {
+		if _, err := lab.StartEcho(pod, netip.AddrPortFrom(ip, DemoBackendPort)); err != nil {
 			return nil, err
 		}
 		s.Pods = append(s.Pods, pod)
 	}
-	if s.Client, err = l.AddClient(s.Node, "client", demoClientIP); err != nil {
+	if s.Client, err = l.AddClient(s.Node, "client", DemoClientIP); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -119,27 +119,27 @@ ports:
 - {name: dns, port: {{.Port}}, protocol: UDP}
 `))
 
-// serviceOpts vary the demo Service: annotations (scheduler, weights) and
+// ServiceOpts vary the demo Service: annotations (scheduler, weights) and
 // ClientIP affinity with a timeout in seconds (0: none).
-type serviceOpts struct {
+type ServiceOpts struct {
 	Annotations map[string]string
 	Affinity    int
 }
 
 // writeService (re)writes the demo Service with the given endpoints. The
 // file is replaced by rename, so the agent never reads half a file.
-func (s *singleNode) writeService(endpoints []netip.Addr) error {
-	return s.writeServiceWith(endpoints, serviceOpts{})
+func (s *Single) WriteService(endpoints []netip.Addr) error {
+	return s.WriteServiceWith(endpoints, ServiceOpts{})
 }
 
-func (s *singleNode) writeServiceWith(endpoints []netip.Addr, o serviceOpts) error {
+func (s *Single) WriteServiceWith(endpoints []netip.Addr, o ServiceOpts) error {
 	tmp := filepath.Join(s.Dir, ".web.yaml.tmp")
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
 	}
 	err = manifestTmpl.Execute(f, map[string]any{
-		"VIP": demoVIP, "Port": demoBackendPort, "Endpoints": endpoints,
+		"VIP": DemoVIP, "Port": DemoBackendPort, "Endpoints": endpoints,
 		"Annotations": o.Annotations, "Affinity": o.Affinity,
 	})
 	if cerr := f.Close(); err == nil {
@@ -152,10 +152,10 @@ func (s *singleNode) writeServiceWith(endpoints []netip.Addr, o serviceOpts) err
 }
 
 // startAgent runs `xvs agent` in the node namespace.
-func (s *singleNode) startAgent(extra ...string) error {
+func (s *Single) StartAgent(extra ...string) error {
 	args := append([]string{"agent", "--objects", s.Dir, "--hostname-override", "node",
-		"--pin-path", s.PinPath, "--node-ip", demoNodeIP.String()}, extra...)
-	p, err := lab.Start(s.Node.NS, filepath.Join(s.Dir, "..", filepath.Base(s.Dir)+"-agent.log"), s.bin, args...)
+		"--pin-path", s.PinPath, "--node-ip", DemoNodeIP.String()}, extra...)
+	p, err := lab.Start(s.Node.NS, filepath.Join(s.Dir, "..", filepath.Base(s.Dir)+"-agent.log"), s.Bin, args...)
 	if err != nil {
 		return err
 	}
@@ -165,10 +165,10 @@ func (s *singleNode) startAgent(extra ...string) error {
 
 // waitProgrammed polls the pinned maps until the VIP's TCP port lists want
 // backends, or the timeout passes.
-func (s *singleNode) waitProgrammed(want int, timeout time.Duration) error {
+func (s *Single) WaitProgrammed(want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := s.programmedBackends()
+		n, err := s.ProgrammedBackends()
 		if err == nil && n == want {
 			return nil
 		}
@@ -184,8 +184,8 @@ func (s *singleNode) waitProgrammed(want int, timeout time.Duration) error {
 	}
 }
 
-func (s *singleNode) programmedBackends() (int, error) {
-	sv, err := s.programmed()
+func (s *Single) ProgrammedBackends() (int, error) {
+	sv, err := s.Programmed()
 	if err != nil || sv == nil {
 		return 0, err
 	}
@@ -194,7 +194,7 @@ func (s *singleNode) programmedBackends() (int, error) {
 
 // programmed reads the VIP's TCP port as `xvs list` shows it (nil when it
 // is not programmed).
-func (s *singleNode) programmed() (*maps.ServiceView, error) {
+func (s *Single) Programmed() (*maps.ServiceView, error) {
 	m, err := maps.OpenPinned(s.PinPath)
 	if err != nil {
 		return nil, err
@@ -205,7 +205,7 @@ func (s *singleNode) programmed() (*maps.ServiceView, error) {
 		return nil, err
 	}
 	for _, sv := range snap.Services {
-		if sv.Address == netip.AddrPortFrom(demoVIP, 80) && sv.Protocol == "TCP" {
+		if sv.Address == netip.AddrPortFrom(DemoVIP, 80) && sv.Protocol == "TCP" {
 			return &sv, nil
 		}
 	}
@@ -214,12 +214,12 @@ func (s *singleNode) programmed() (*maps.ServiceView, error) {
 
 // Close stops the agent, removes the datapath (in the node namespace) and
 // every namespace, file and pin the world created.
-func (s *singleNode) Close() error {
+func (s *Single) Close() error {
 	if s.Agent != nil {
 		s.Agent.Stop(5 * time.Second)
 	}
 	if s.Node != nil {
-		lab.Run(s.Node.NS, s.bin, "cleanup", "--pin-path", s.PinPath)
+		lab.Run(s.Node.NS, s.Bin, "cleanup", "--pin-path", s.PinPath)
 	}
 	os.RemoveAll(s.PinPath)
 	err := s.Lab.Close()

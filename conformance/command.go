@@ -1,4 +1,4 @@
-package main
+package conformance
 
 import (
 	"context"
@@ -10,12 +10,10 @@ import (
 	"os/signal"
 	"regexp"
 	"syscall"
-
-	"github.com/xvs-lb/xvs/conformance"
 )
 
-// runConformance dispatches `xvs conformance run|report`.
-func runConformance(args []string) error {
+// RunCommand is `xvs conformance run|report`.
+func RunCommand(args []string) error {
 	usage := errors.New("usage: xvs conformance run DIR --mode ebpf|ipvs [--json FILE] [--run REGEX] [--report FILE]\n" +
 		"       xvs conformance report [-o FILE] RESULTS.json...")
 	if len(args) == 0 {
@@ -23,18 +21,18 @@ func runConformance(args []string) error {
 	}
 	switch args[0] {
 	case "run":
-		return conformanceRun(args[1:])
+		return cmdRun(args[1:])
 	case "report":
-		return conformanceReport(args[1:])
+		return cmdReport(args[1:])
 	}
 	return usage
 }
 
-// conformanceRun runs a corpus. It fails (exit 1) when any probe fails or
-// any scenario is malformed.
-func conformanceRun(args []string) error {
+// cmdRun is `xvs conformance run`: it runs a corpus. It fails (exit 1)
+// when any probe fails or any scenario is malformed.
+func cmdRun(args []string) error {
 	fs := flag.NewFlagSet("conformance run", flag.ContinueOnError)
-	mode := fs.String("mode", conformance.ModeEBPF, "datapath under test: ebpf or ipvs")
+	mode := fs.String("mode", ModeEBPF, "datapath under test: ebpf or ipvs")
 	jsonOut := fs.String("json", "", "also write machine-readable results to FILE")
 	output := fs.String("o", "text", "stdout format: text (one line per probe) or json (results only)")
 	filter := fs.String("run", "", "only scenarios whose name matches this regular expression")
@@ -64,7 +62,7 @@ func conformanceRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := conformance.Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks}
+	opts := Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks}
 	if *output == "json" {
 		opts.Out = os.Stderr
 	} else if *output != "text" {
@@ -82,7 +80,7 @@ func conformanceRun(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	res, runErr := conformance.Run(ctx, dir, opts)
+	res, runErr := Run(ctx, dir, opts)
 	if res != nil {
 		if *output == "json" {
 			if err := writeJSON(os.Stdout, res); err != nil {
@@ -103,7 +101,7 @@ func conformanceRun(args []string) error {
 			}
 		}
 		if *report != "" {
-			if err := os.WriteFile(*report, conformance.Report([]*conformance.Results{res}, "", nil), 0o644); err != nil {
+			if err := os.WriteFile(*report, Report([]*Results{res}, "", nil), 0o644); err != nil {
 				return err
 			}
 		}
@@ -123,9 +121,9 @@ func writeJSON(f *os.File, v any) error {
 	return enc.Encode(v)
 }
 
-// conformanceReport renders results of one or more runs (one per mode) as
+// cmdReport renders results of one or more runs (one per mode) as
 // the Markdown of docs/CONFORMANCE.md.
-func conformanceReport(args []string) error {
+func cmdReport(args []string) error {
 	fs := flag.NewFlagSet("conformance report", flag.ContinueOnError)
 	out := fs.String("o", "docs/CONFORMANCE.md", "output file (- for stdout)")
 	semantics := fs.String("semantics", "", "the semantics document (docs/semantics.md), to list sections the corpus does not cover (optional)")
@@ -135,13 +133,13 @@ func conformanceReport(args []string) error {
 	if fs.NArg() == 0 {
 		return errors.New("usage: xvs conformance report [-o FILE] RESULTS.json...")
 	}
-	var runs []*conformance.Results
+	var runs []*Results
 	for _, p := range fs.Args() {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
-		var r conformance.Results
+		var r Results
 		if err := json.Unmarshal(b, &r); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -154,7 +152,7 @@ func conformanceReport(args []string) error {
 			return err
 		}
 	}
-	md := conformance.Report(runs, "", sections)
+	md := Report(runs, "", sections)
 	if *out == "-" {
 		_, err := os.Stdout.Write(md)
 		return err

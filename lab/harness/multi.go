@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"context"
@@ -16,11 +16,11 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 )
 
-// multiNode is the north-south lab: two nodes joined by a fabric link, each
+// Multi is the north-south lab: two nodes joined by a fabric link, each
 // running its own agent for its own node name from the same manifests
 // (Services, EndpointSlices and both Node objects), a pod on each node,
 // and two external clients on node A's external interfaces.
-type multiNode struct {
+type Multi struct {
 	Lab      *lab.Lab
 	A, B     *lab.Node
 	PodA     *lab.NS // 10.244.0.11, on node A
@@ -29,26 +29,26 @@ type multiNode struct {
 	Outsider *lab.NS // 198.51.100.10, outside them
 	Dir      string
 	Agents   map[string]*lab.Process
-	pins     map[string]string
-	bin      string
+	Pins     map[string]string
+	Bin      string
 }
 
 var (
-	mnNodeA    = netip.MustParseAddr("192.168.60.2")
-	mnNodeB    = netip.MustParseAddr("192.168.60.3")
-	mnPodA     = netip.MustParseAddr("10.244.0.11")
-	mnPodB     = netip.MustParseAddr("10.244.1.11")
-	mnClient   = netip.MustParseAddr("192.0.2.10")
-	mnOutsider = netip.MustParseAddr("198.51.100.10")
-	mnLBIP     = netip.MustParseAddr("203.0.113.10")
-	mnExtIP    = netip.MustParseAddr("203.0.113.20")
+	MultiNodeA    = netip.MustParseAddr("192.168.60.2")
+	MultiNodeB    = netip.MustParseAddr("192.168.60.3")
+	MultiPodA     = netip.MustParseAddr("10.244.0.11")
+	MultiPodB     = netip.MustParseAddr("10.244.1.11")
+	MultiClient   = netip.MustParseAddr("192.0.2.10")
+	MultiOutsider = netip.MustParseAddr("198.51.100.10")
+	MultiLBIP     = netip.MustParseAddr("203.0.113.10")
+	MultiExtIP    = netip.MustParseAddr("203.0.113.20")
 )
 
-// multiNodeManifests: both Nodes, and Services covering the north-south
+// MultiManifests: both Nodes, and Services covering the north-south
 // cases. Ports: NodePort 30080 (eTP=Cluster, endpoint on B only), 30081
 // (eTP=Local, endpoints on A and B), 30082 (no endpoints), an ExternalIP
 // and an LB IP with source ranges; all TCP and UDP.
-const multiNodeManifests = `apiVersion: v1
+const MultiManifests = `apiVersion: v1
 kind: Node
 metadata:
   name: node-a
@@ -124,14 +124,14 @@ spec:
   ports:
   - {name: tcp, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}
   - {name: udp, port: 80, targetPort: 8080, nodePort: 30082, protocol: UDP}
-` + multiNodePolicyManifests
+` + MultiPolicyManifests
 
-// multiNodePolicyManifests: traffic policies and endpoint conditions, all
+// MultiPolicyManifests: traffic policies and endpoint conditions, all
 // ClusterIP with one endpoint on each node: iTP=Local (.33), zone hints
 // (.34), node hints (.35), hints missing on one endpoint (.36), serving
 // terminating endpoints only (.37), not-serving terminating only (.38),
 // iTP=Local with the only endpoint remote (.39).
-const multiNodePolicyManifests = `---
+const MultiPolicyManifests = `---
 apiVersion: v1
 kind: Service
 metadata: {name: itp-local, namespace: lab}
@@ -254,15 +254,15 @@ endpoints:
 ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
 `
 
-// newMultiNode builds the namespaces, links and echo servers; agents are
+// NewMulti builds the namespaces, links and echo servers; agents are
 // started by startAgents.
-func newMultiNode(tag, bin string) (_ *multiNode, err error) {
+func NewMulti(tag, bin string) (_ *Multi, err error) {
 	prefix := lab.UniquePrefix(tag)
 	l, err := lab.New(prefix)
 	if err != nil {
 		return nil, err
 	}
-	w := &multiNode{Lab: l, bin: bin, Agents: map[string]*lab.Process{}, pins: map[string]string{}}
+	w := &Multi{Lab: l, Bin: bin, Agents: map[string]*lab.Process{}, Pins: map[string]string{}}
 	defer func() {
 		if err != nil {
 			w.Close()
@@ -271,10 +271,10 @@ func newMultiNode(tag, bin string) (_ *multiNode, err error) {
 	if w.Dir, err = os.MkdirTemp("", prefix); err != nil {
 		return nil, err
 	}
-	if w.A, err = l.AddNode("a", mnNodeA); err != nil {
+	if w.A, err = l.AddNode("a", MultiNodeA); err != nil {
 		return nil, err
 	}
-	if w.B, err = l.AddNode("b", mnNodeB); err != nil {
+	if w.B, err = l.AddNode("b", MultiNodeB); err != nil {
 		return nil, err
 	}
 	fab, err := l.Link(w.A, w.B)
@@ -289,34 +289,34 @@ func newMultiNode(tag, bin string) (_ *multiNode, err error) {
 	if err := fab.Route(w.B, netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.0/24")); err != nil {
 		return nil, err
 	}
-	if w.PodA, err = l.AddPod(w.A, "poda", mnPodA); err != nil {
+	if w.PodA, err = l.AddPod(w.A, "poda", MultiPodA); err != nil {
 		return nil, err
 	}
-	if w.PodB, err = l.AddPod(w.B, "podb", mnPodB); err != nil {
+	if w.PodB, err = l.AddPod(w.B, "podb", MultiPodB); err != nil {
 		return nil, err
 	}
 	for _, p := range []struct {
 		ns *lab.NS
 		ip netip.Addr
-	}{{w.PodA, mnPodA}, {w.PodB, mnPodB}} {
+	}{{w.PodA, MultiPodA}, {w.PodB, MultiPodB}} {
 		if _, err := lab.StartBulk(p.ns, netip.AddrPortFrom(p.ip, 8080)); err != nil {
 			return nil, err
 		}
 	}
-	if w.Client, err = l.AddClient(w.A, "client", mnClient); err != nil {
+	if w.Client, err = l.AddClient(w.A, "client", MultiClient); err != nil {
 		return nil, err
 	}
-	if w.Outsider, err = l.AddClient(w.A, "outsider", mnOutsider); err != nil {
+	if w.Outsider, err = l.AddClient(w.A, "outsider", MultiOutsider); err != nil {
 		return nil, err
 	}
 	// The clients' default routes point at node A, so the LB IP and the
 	// ExternalIP reach it as a cloud LB or the network would deliver them.
-	return w, os.WriteFile(filepath.Join(w.Dir, "lab.yaml"), []byte(multiNodeManifests), 0o644)
+	return w, os.WriteFile(filepath.Join(w.Dir, "lab.yaml"), []byte(MultiManifests), 0o644)
 }
 
 // startAgents runs one agent per node, node A with the XDP fast path on its
 // external interfaces, and waits until both have programmed the Services.
-func (w *multiNode) startAgents(extra ...string) error {
+func (w *Multi) StartAgents(extra ...string) error {
 	for _, n := range []struct {
 		node *lab.Node
 		name string
@@ -326,11 +326,11 @@ func (w *multiNode) startAgents(extra ...string) error {
 		{w.B, "node-b", nil},
 	} {
 		pin := filepath.Join("/sys/fs/bpf", strings.TrimSuffix(w.Lab.Prefix, "-")+"-"+n.name)
-		w.pins[n.name] = pin
+		w.Pins[n.name] = pin
 		args := append([]string{"agent", "--objects", w.Dir, "--hostname-override", n.name, "--pin-path", pin,
 			"--cluster-cidr", "10.244.0.0/16", "--service-cluster-ip-range", "172.30.0.0/16"}, n.args...)
 		args = append(args, extra...)
-		p, err := lab.Start(n.node.NS, filepath.Join(os.TempDir(), filepath.Base(pin)+"-agent.log"), w.bin, args...)
+		p, err := lab.Start(n.node.NS, filepath.Join(os.TempDir(), filepath.Base(pin)+"-agent.log"), w.Bin, args...)
 		if err != nil {
 			return err
 		}
@@ -339,9 +339,9 @@ func (w *multiNode) startAgents(extra ...string) error {
 	// Loading and verifying the programs takes about 1.5 s here, and ten
 	// times that in the emulated VM rig, two agents at once.
 	deadline := time.Now().Add(60 * time.Second)
-	for name, pin := range w.pins {
+	for name, pin := range w.Pins {
 		for {
-			n, err := countServices(pin)
+			n, err := CountServices(pin)
 			if err == nil && n >= 14 {
 				break
 			}
@@ -359,8 +359,8 @@ func (w *multiNode) startAgents(extra ...string) error {
 	return nil
 }
 
-// countServices counts the frontends programmed under pin.
-func countServices(pin string) (int, error) {
+// CountServices counts the frontends programmed under pin.
+func CountServices(pin string) (int, error) {
 	m, err := maps.OpenPinned(pin)
 	if err != nil {
 		return 0, err
@@ -374,16 +374,16 @@ func countServices(pin string) (int, error) {
 }
 
 // Close stops the agents, removes both datapaths and every namespace.
-func (w *multiNode) Close() error {
+func (w *Multi) Close() error {
 	for _, p := range w.Agents {
 		p.Stop(5 * time.Second)
 	}
-	for name, pin := range w.pins {
+	for name, pin := range w.Pins {
 		node := w.A
 		if name == "node-b" {
 			node = w.B
 		}
-		lab.Run(node.NS, w.bin, "cleanup", "--pin-path", pin)
+		lab.Run(node.NS, w.Bin, "cleanup", "--pin-path", pin)
 		os.RemoveAll(pin)
 		if p := w.Agents[name]; p != nil {
 			os.Remove(p.Log)
@@ -396,9 +396,9 @@ func (w *multiNode) Close() error {
 	return err
 }
 
-// runLab is `xvs lab`: the multi-node lab for hands-on work. It builds the
+// RunLab is `xvs lab`: the multi-node lab for hands-on work. It builds the
 // namespaces, starts both agents and waits for Ctrl-C, then removes it all.
-func runLab(args []string) error {
+func RunLab(args []string) error {
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -410,12 +410,12 @@ func runLab(args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := newMultiNode("lab", bin)
+	w, err := NewMulti("lab", bin)
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	if err := w.startAgents(); err != nil {
+	if err := w.StartAgents(); err != nil {
 		return err
 	}
 	fmt.Printf(`xvs lab is up: two nodes, each with its own agent.
@@ -429,7 +429,7 @@ Try:
   nsenter --net=%s %s list --pin-path %s
   nsenter --net=%s nc %s 30080 </dev/null
 Press Ctrl-C to tear it all down.
-`, mnNodeA, mnNodeB, w.Dir, w.A.NS.Path(), bin, w.pins["node-a"], w.Client.Path(), mnNodeA)
+`, MultiNodeA, MultiNodeB, w.Dir, w.A.NS.Path(), bin, w.Pins["node-a"], w.Client.Path(), MultiNodeA)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
