@@ -281,7 +281,9 @@ func TestPrivConformanceCrashCleanup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "conformance", "run", dir, "--mode", "ebpf")
+	// Its agent logs go under the test's own directory: a killed runner
+	// cannot remove a log directory of its own.
+	cmd := exec.Command(bin, "conformance", "run", dir, "--mode", "ebpf", "--log-dir", t.TempDir())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
