@@ -14,7 +14,7 @@ package agent
 import (
 	"context"
 	"errors"
-	"flag"
+	goflag "flag"
 	"fmt"
 	"log/slog"
 	"math"
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
@@ -72,30 +73,22 @@ func NewLogger(format string, v int) *slog.Logger {
 // RouteKlog sends client-go's klog output through log, at verbosity v, so
 // that the agent has one log stream in one format.
 func RouteKlog(log *slog.Logger, v int) {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	fs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(fs)
 	_ = fs.Set("v", strconv.Itoa(v))
 	klog.SetSlogLogger(log)
 }
 
-// AddFlags registers the agent's flags on fs: kube-proxy's, then the mode
-// flags (datapath.go) it does not already have (the mode flag set also
-// defines --proxy-mode and --metrics-bind-address, which the agent takes
-// from the KubeProxyConfiguration flags instead).
-func (o *Options) AddFlags(fs *flag.FlagSet) {
+// AddFlags registers the agent's flags on fs: kube-proxy's and xvs's
+// (config.Options), then the datapath's (datapath.go).
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Options.AddFlags(fs)
-	tmp := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
-	o.mode.register(tmp)
-	tmp.VisitAll(func(fl *flag.Flag) {
-		if fs.Lookup(fl.Name) == nil {
-			fs.Var(fl.Value, fl.Name, fl.Usage)
-		}
-	})
+	o.mode.register(fs)
 }
 
 // Complete resolves the parsed fs and the --config file into the
 // configuration and the datapath settings, and validates them.
-func (o *Options) Complete(fs *flag.FlagSet) error {
+func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
@@ -103,11 +96,8 @@ func (o *Options) Complete(fs *flag.FlagSet) error {
 		return err
 	}
 	c := &o.Config
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	o.mode.proxyMode = string(c.Mode)
-	o.mode.metricsAddr = "" // served with the kube-proxy metrics (http.go)
-	ipvsFromConfig(&o.mode, &o.Options, set)
+	ipvsFromConfig(&o.mode, &o.Options)
 	conntrackFromConfig(&o.mode, &o.Options)
 	if err := o.mode.validate(); err != nil {
 		return err
@@ -118,29 +108,12 @@ func (o *Options) Complete(fs *flag.FlagSet) error {
 	return nil
 }
 
-// ipvsFromConfig takes the ipvs.* fields of the configuration file into
-// the ipvs mode's settings, unless their own flags were given.
-func ipvsFromConfig(m *modeFlags, o *config.Options, set map[string]bool) {
+// ipvsFromConfig takes the configuration's ipvs.* fields (from the file,
+// or from kube-proxy's --ipvs-* flags) into the ipvs mode's settings.
+func ipvsFromConfig(m *modeFlags, o *config.Options) {
 	v := &o.Config.IPVS
-	if !set["ipvs-strict-arp"] && v.StrictARP {
-		m.ipvsStrictARP = true
-	}
-	if !set["ipvs-exclude-cidrs"] && len(v.ExcludeCIDRs) > 0 {
-		m.ipvsExclude = strings.Join(v.ExcludeCIDRs, ",")
-	}
-	for _, d := range []struct {
-		flag string
-		dst  *time.Duration
-		v    time.Duration
-	}{
-		{"ipvs-tcp-timeout", &m.ipvsTCP, v.TCPTimeout.Duration},
-		{"ipvs-tcpfin-timeout", &m.ipvsTCPFin, v.TCPFinTimeout.Duration},
-		{"ipvs-udp-timeout", &m.ipvsUDP, v.UDPTimeout.Duration},
-	} {
-		if !set[d.flag] && d.v != 0 {
-			*d.dst = d.v
-		}
-	}
+	m.ipvsStrictARP, m.ipvsExclude = v.StrictARP, strings.Join(v.ExcludeCIDRs, ",")
+	m.ipvsTCP, m.ipvsTCPFin, m.ipvsUDP = v.TCPTimeout.Duration, v.TCPFinTimeout.Duration, v.UDPTimeout.Duration
 }
 
 // conntrackFromConfig takes the conntrack timeouts of the configuration
@@ -169,6 +142,18 @@ func Cleanup(log *slog.Logger, o *Options) error {
 		log.Info("Removed the xvs datapath", "pinPath", o.PinPath)
 	}
 	return errors.Join(err, cerr)
+}
+
+// InitOnly is --init-only: the node settings that need full root, then
+// exit, as kube-proxy --init-only. For xvs that is the host's conntrack
+// sysctls; the datapath itself is loaded by the agent, which needs
+// CAP_BPF and CAP_NET_ADMIN (CAP_SYS_ADMIN on older kernels) anyway.
+func InitOnly(log *slog.Logger, o *Options) error {
+	if err := applyConntrackSysctls(log, "/proc/sys", o.Config.Conntrack); err != nil {
+		return fmt.Errorf("conntrack sysctls: %w", err)
+	}
+	log.Info("Node initialised (conntrack sysctls); exiting (--init-only)")
+	return nil
 }
 
 // adjustOOMScore writes oomScoreAdj to /proc/self/oom_score_adj, as

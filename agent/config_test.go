@@ -1,23 +1,21 @@
 package agent
 
 import (
-	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/xvs-lb/xvs/loader"
 )
 
-// TestAgentArgs: the agent's command line combines kube-proxy's flags,
-// the --config file and the ipvs mode's own flags into one configuration;
-// the file's ipvs.* fields reach the IPVS datapath unless their flags say
-// otherwise.
 // parseAgentArgs is `xvs agent ARGS`'s flag handling (cmd/xvs).
 func parseAgentArgs(args []string) (*Options, settings, error) {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	o := &Options{}
 	o.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -29,6 +27,10 @@ func parseAgentArgs(args []string) (*Options, settings, error) {
 	return o, o.settings(), nil
 }
 
+// TestAgentArgs: the agent's command line combines kube-proxy's flags,
+// the --config file and xvs's own datapath flags into one configuration;
+// the file's ipvs.* fields reach the IPVS datapath (the --ipvs-* flags
+// beside --config are ignored, as kube-proxy ignores them).
 func TestAgentArgs(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "config.conf")
 	if err := os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -45,12 +47,17 @@ ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout:
 	}
 	m := f.mode
 	if m.proxyMode != "ipvs" || !m.ipvsStrictARP || m.ipvsExclude != "192.0.2.0/24" || m.ipvsTCP != 15*time.Minute ||
-		m.ipvsUDP != time.Minute || m.fallback != "ipvs" || f.scheduler != "lc" || f.pinPath != "/sys/fs/bpf/x" {
+		m.ipvsUDP != 30*time.Second || m.fallback != "ipvs" || f.scheduler != "lc" || f.pinPath != "/sys/fs/bpf/x" {
 		t.Fatalf("datapath settings %+v (scheduler %q, pin path %q)", m, f.scheduler, f.pinPath)
 	}
-	if m.metricsAddr != "" || o.Config.MetricsBindAddress != "127.0.0.1:10249" {
-		t.Fatalf("metrics: mode flags %q, config %q: the agent serves metrics from the configuration",
-			m.metricsAddr, o.Config.MetricsBindAddress)
+	if o.Config.MetricsBindAddress != "127.0.0.1:10249" || strings.Join(o.Ignored, ",") != "ipvs-udp-timeout" {
+		t.Fatalf("metrics address %q, ignored flags %v", o.Config.MetricsBindAddress, o.Ignored)
+	}
+	// Without --config, kube-proxy's --ipvs-* flags reach the datapath.
+	if _, f, err = parseAgentArgs([]string{"--objects", t.TempDir(), "--proxy-mode", "ipvs", "--ipvs-udp-timeout", "1m",
+		"--ipvs-exclude-cidrs", "192.0.2.0/24,198.51.100.0/24"}); err != nil || f.mode.ipvsUDP != time.Minute ||
+		f.mode.ipvsExclude != "192.0.2.0/24,198.51.100.0/24" {
+		t.Fatalf("ipvs flags: %+v %v", f.mode, err)
 	}
 
 	// Map sizes for large clusters.
@@ -64,9 +71,9 @@ ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout:
 		t.Errorf("default map sizes %+v", f.mode.mapSizes)
 	}
 
-	// The flag wins over the file's mode.
-	if _, f, err = parseAgentArgs([]string{"--config", cfg, "--objects", t.TempDir(), "--proxy-mode", "ebpf"}); err != nil || f.mode.proxyMode != "ebpf" {
-		t.Fatalf("--proxy-mode over the file: %q %v", f.mode.proxyMode, err)
+	// The file's mode wins over the flag, as in kube-proxy.
+	if _, f, err = parseAgentArgs([]string{"--config", cfg, "--objects", t.TempDir(), "--proxy-mode", "ebpf"}); err != nil || f.mode.proxyMode != "ipvs" {
+		t.Fatalf("--proxy-mode beside --config: %q %v", f.mode.proxyMode, err)
 	}
 
 	for _, tc := range []struct {

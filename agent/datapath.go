@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/ipvs"
@@ -37,7 +38,9 @@ const (
 // for the fallback tests. Never set it in production.
 const envFailBPFLoad = "XVS_DEBUG_FAIL_BPF_LOAD"
 
-// modeFlags select and configure the datapath.
+// modeFlags select and configure the datapath: xvs's own flags (register)
+// and, from the resolved configuration (Options.Complete), the mode and
+// kube-proxy's ipvs.* settings.
 type modeFlags struct {
 	proxyMode      string
 	fallback       string
@@ -49,7 +52,6 @@ type modeFlags struct {
 	ipvsStateFile  string
 	ipvsDrain      time.Duration
 	ipvsNoRules    bool
-	metricsAddr    string
 	eventFile      string
 	debugFailBPF   bool
 	ipvsDeviceName string
@@ -63,19 +65,12 @@ type modeFlags struct {
 	timeouts   loader.CTTimeouts
 }
 
-func (f *modeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.proxyMode, "proxy-mode", modeEBPF, "datapath: ebpf (tc programs) or ipvs (kernel IPVS, as kube-proxy's ipvs mode)")
+func (f *modeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.fallback, "fallback", "", "mode to serve with when the BPF datapath cannot load on this kernel: '' (none: fail) or ipvs")
-	fs.BoolVar(&f.ipvsStrictARP, "ipvs-strict-arp", false, "ipvs mode: arp_ignore=1, arp_announce=2 (ipvs.strictARP)")
-	fs.StringVar(&f.ipvsExclude, "ipvs-exclude-cidrs", "", "ipvs mode: CIDRs whose virtual servers are never cleaned up")
-	fs.DurationVar(&f.ipvsTCP, "ipvs-tcp-timeout", 0, "ipvs mode: idle timeout of TCP sessions (0 keeps the kernel's)")
-	fs.DurationVar(&f.ipvsTCPFin, "ipvs-tcpfin-timeout", 0, "ipvs mode: timeout of TCP sessions after FIN (0 keeps the kernel's)")
-	fs.DurationVar(&f.ipvsUDP, "ipvs-udp-timeout", 0, "ipvs mode: timeout of UDP sessions (0 keeps the kernel's)")
 	fs.StringVar(&f.ipvsStateFile, "ipvs-state-file", "", "ipvs mode: record of the virtual servers xvs created (default /run/xvs/ipvs-state-<netns>.json)")
 	fs.DurationVar(&f.ipvsDrain, "ipvs-drain-interval", ipvs.DefaultDrainInterval, "ipvs mode: how often removed TCP real servers are checked for remaining connections")
 	fs.StringVar(&f.ipvsDeviceName, "ipvs-device", ipvs.DefaultDevice, "ipvs mode: dummy interface holding the VIPs")
 	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
-	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:10249; empty: off)")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
 	fs.StringVar(&f.masqAddrs, "masquerade-address", "", "ebpf mode: comma-separated addresses (one per family) masqueraded connections leave from, instead of the egress interface's primary address")
 	fs.StringVar(&f.masqPorts, "masquerade-port-range", "", fmt.Sprintf("ebpf mode: source ports of masqueraded connections (default: %d-%d with --netfilter-mode=pass, where they must not hold a NodePort; %d-%d with bypass, where the node's ephemeral range, net.ipv4.ip_local_port_range, is skipped)", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax, maps.DefaultSNATPortMin, maps.DefaultSNATPortMax))

@@ -62,13 +62,20 @@ func Load(path string) (*kpv1.KubeProxyConfiguration, error) {
 	return c, nil
 }
 
-// Decode is Load for bytes (YAML or JSON).
-func Decode(data []byte) (*kpv1.KubeProxyConfiguration, error) {
+func codecs() (serializer.CodecFactory, error) {
 	scheme := runtime.NewScheme()
 	if err := kpv1.AddToScheme(scheme); err != nil {
+		return serializer.CodecFactory{}, err
+	}
+	return serializer.NewCodecFactory(scheme, serializer.EnableStrict), nil
+}
+
+// Decode is Load for bytes (YAML or JSON).
+func Decode(data []byte) (*kpv1.KubeProxyConfiguration, error) {
+	codecs, err := codecs()
+	if err != nil {
 		return nil, err
 	}
-	codecs := serializer.NewCodecFactory(scheme, serializer.EnableStrict)
 	obj, gvk, err := codecs.UniversalDeserializer().Decode(data, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("decode KubeProxyConfiguration: %w", err)
@@ -80,6 +87,26 @@ func Decode(data []byte) (*kpv1.KubeProxyConfiguration, error) {
 	return c, nil
 }
 
+// Write writes c to path as a KubeProxyConfiguration YAML file, which Load
+// reads back: --write-config-to.
+func Write(path string, c *kpv1.KubeProxyConfiguration) error {
+	codecs, err := codecs()
+	if err != nil {
+		return err
+	}
+	info, ok := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeYAML)
+	if !ok {
+		return errors.New("no YAML serializer")
+	}
+	out := c.DeepCopy()
+	out.APIVersion, out.Kind = kpv1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
+	var b strings.Builder
+	if err := codecs.EncoderForVersion(info.Serializer, kpv1.SchemeGroupVersion).Encode(out, &b); err != nil {
+		return fmt.Errorf("encode configuration: %w", err)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // SetDefaults fills the fields xvs reads that are zero. v1alpha1 cannot
 // tell "0s" from absent in durations, so a zero sync period means the
 // default, as in kube-proxy.
@@ -87,11 +114,16 @@ func SetDefaults(c *kpv1.KubeProxyConfiguration) {
 	if c.Mode == "" {
 		c.Mode = ModeEBPF
 	}
+	// A bare IP takes the server's default port, as in kube-proxy.
 	if c.HealthzBindAddress == "" {
 		c.HealthzBindAddress = DefaultHealthzBindAddress
+	} else {
+		c.HealthzBindAddress = appendPort(c.HealthzBindAddress, 10256)
 	}
 	if c.MetricsBindAddress == "" {
 		c.MetricsBindAddress = DefaultMetricsBindAddress
+	} else {
+		c.MetricsBindAddress = appendPort(c.MetricsBindAddress, 10249)
 	}
 	if c.OOMScoreAdj == nil {
 		v := int32(DefaultOOMScoreAdj)

@@ -1,21 +1,25 @@
 package config
 
 import (
-	"flag"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 func parse(t *testing.T, args ...string) (*Options, error) {
 	t.Helper()
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	o := &Options{}
 	o.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
+		return o, err
 	}
 	return o, o.Complete()
 }
@@ -76,9 +80,11 @@ func TestStrictDecoding(t *testing.T) {
 	}
 }
 
-// TestFlagsOverrideConfig: a flag given on the command line wins over the
-// file; one not given leaves the file's value.
-func TestFlagsOverrideConfig(t *testing.T) {
+// TestConfigFilePrecedence: with --config the file is the configuration,
+// as in kube-proxy: of the configuration flags given beside it only the
+// logging flags and --hostname-override apply; the others are listed as
+// ignored. xvs's own flags apply either way.
+func TestConfigFilePrecedence(t *testing.T) {
 	p := writeConfig(t, header+`mode: ipvs
 clusterCIDR: 10.0.0.0/8
 hostnameOverride: from-file
@@ -86,34 +92,130 @@ metricsBindAddress: 0.0.0.0:9999
 oomScoreAdj: -500
 ipvs: {scheduler: lc, syncPeriod: 1m, minSyncPeriod: 2s}
 iptables: {masqueradeAll: true}
+logging: {vmodule: [{filePattern: proxier, verbosity: 4}]}
 `)
 	o, err := parse(t, "--config", p, "--proxy-mode", "ebpf", "--cluster-cidr", "10.244.0.0/16",
-		"--healthz-bind-address", "127.0.0.1:1234", "-v", "4", "--masquerade-all=false")
+		"--healthz-bind-address", "127.0.0.1:1234", "-v", "4", "--vmodule", "sync=5", "--masquerade-all=false",
+		"--ipvs-sync-period", "5s", "--pin-path", "/sys/fs/bpf/other")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := o.Config
-	if c.Mode != ModeEBPF || c.ClusterCIDR != "10.244.0.0/16" || c.HealthzBindAddress != "127.0.0.1:1234" ||
-		c.Logging.Verbosity != 4 || c.IPTables.MasqueradeAll {
-		t.Errorf("flags did not override: %+v", c)
-	}
-	if c.HostnameOverride != "from-file" || c.MetricsBindAddress != "0.0.0.0:9999" || *c.OOMScoreAdj != -500 ||
+	if c.Mode != ModeIPVS || c.ClusterCIDR != "10.0.0.0/8" || c.HealthzBindAddress != DefaultHealthzBindAddress ||
+		!c.IPTables.MasqueradeAll || c.MetricsBindAddress != "0.0.0.0:9999" || *c.OOMScoreAdj != -500 ||
 		c.IPVS.Scheduler != "lc" || c.IPVS.SyncPeriod.Duration != time.Minute || c.IPVS.MinSyncPeriod.Duration != 2*time.Second {
-		t.Errorf("file values lost to flag defaults: %+v", c)
+		t.Errorf("the file's values did not win: %+v", c)
+	}
+	if c.Logging.Verbosity != 4 || len(c.Logging.VModule) != 2 {
+		t.Errorf("logging flags not over the file: verbosity %d, vmodule %v", c.Logging.Verbosity, c.Logging.VModule)
+	}
+	if got := strings.Join(o.Ignored, " "); got != "proxy-mode cluster-cidr healthz-bind-address masquerade-all ipvs-sync-period" &&
+		got != strings.Join(sortedCopy(o.Ignored), " ") {
+		t.Errorf("ignored %q", got)
+	}
+	if want := []string{"cluster-cidr", "healthz-bind-address", "ipvs-sync-period", "masquerade-all", "proxy-mode"}; strings.Join(sortedCopy(o.Ignored), " ") != strings.Join(want, " ") {
+		t.Errorf("ignored %v, want %v", o.Ignored, want)
+	}
+	if o.PinPath != "/sys/fs/bpf/other" {
+		t.Errorf("xvs's own flag lost: pin path %q", o.PinPath)
 	}
 	if n, _ := o.NodeName(); n != "from-file" {
 		t.Errorf("node name %q", n)
 	}
-
-	// An empty bind address given on the command line disables the server.
-	o, err = parse(t, "--config", p, "--metrics-bind-address", "")
+	o, err = parse(t, "--config", p, "--hostname-override", "Flag-Node")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Config.MetricsBindAddress != "" {
-		t.Errorf("metrics address %q, want disabled", o.Config.MetricsBindAddress)
+	if n, _ := o.NodeName(); n != "flag-node" || len(o.Ignored) != 0 {
+		t.Errorf("--hostname-override over the file: node name %q, ignored %v", n, o.Ignored)
 	}
 }
+
+// TestKubeProxyFlags: every flag of kube-proxy v1.37 is accepted, and the
+// ones that set fields set them (without --config).
+func TestKubeProxyFlags(t *testing.T) {
+	o, err := parse(t, "--bind-address", "192.0.2.1", "--bind-address-hard-fail", "--cleanup=false",
+		"--cluster-cidr", "10.244.0.0/16", "--config-sync-period", "10m", "--conntrack-max-per-core", "0",
+		"--conntrack-min", "1000", "--conntrack-tcp-be-liberal", "--conntrack-tcp-timeout-close-wait", "30m",
+		"--conntrack-tcp-timeout-established", "12h", "--conntrack-udp-timeout", "30s", "--conntrack-udp-timeout-stream", "2m",
+		"--detect-local-mode", "ClusterCIDR", "--feature-gates", "ServiceTrafficDistribution=true",
+		"--healthz-bind-address", "0.0.0.0", "--hostname-override", "n1", "--init-only=false",
+		"--iptables-localhost-nodeports=false", "--iptables-masquerade-bit", "14", "--iptables-min-sync-period", "1s",
+		"--iptables-sync-period", "30s", "--ipvs-exclude-cidrs", "192.0.2.0/24,198.51.100.0/24", "--ipvs-min-sync-period", "1s",
+		"--ipvs-scheduler", "lc", "--ipvs-strict-arp", "--ipvs-sync-period", "1m", "--ipvs-tcp-timeout", "10m",
+		"--ipvs-tcpfin-timeout", "1m", "--ipvs-udp-timeout", "1m", "--kube-api-burst", "20", "--kube-api-content-type", "application/json",
+		"--kube-api-qps", "10", "--kubeconfig", "/k", "--log-flush-frequency", "5s", "--logging-format", "json",
+		"--masquerade-all", "--master", "https://192.0.2.9:6443", "--metrics-bind-address", "127.0.0.1:10249",
+		"--nodeport-addresses", "primary", "--oom-score-adj", "-998", "--pod-bridge-interface", "",
+		"--pod-interface-name-prefix", "", "--profiling", "--proxy-mode", "ipvs", "--show-hidden-metrics-for-version", "",
+		"-v", "3", "--vmodule", "", "--write-config-to", "", "--log-text-split-stream=false",
+		"--log-json-split-stream=false", "--healthz-port", "10257")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.Config
+	if c.BindAddress != "192.0.2.1" || !c.BindAddressHardFail || c.ConfigSyncPeriod.Duration != 10*time.Minute ||
+		*c.Conntrack.MaxPerCore != 0 || *c.Conntrack.Min != 1000 || !c.Conntrack.TCPBeLiberal ||
+		c.Conntrack.TCPCloseWaitTimeout.Duration != 30*time.Minute || c.Conntrack.TCPEstablishedTimeout.Duration != 12*time.Hour ||
+		c.Conntrack.UDPTimeout.Duration != 30*time.Second || c.Conntrack.UDPStreamTimeout.Duration != 2*time.Minute ||
+		c.DetectLocalMode != "ClusterCIDR" || !c.FeatureGates["ServiceTrafficDistribution"] ||
+		c.HealthzBindAddress != "0.0.0.0:10257" || c.HostnameOverride != "n1" || *c.IPTables.LocalhostNodePorts ||
+		len(c.IPVS.ExcludeCIDRs) != 2 || c.IPVS.Scheduler != "lc" || !c.IPVS.StrictARP || c.IPVS.SyncPeriod.Duration != time.Minute ||
+		c.IPVS.TCPTimeout.Duration != 10*time.Minute || c.ClientConnection.Burst != 20 || c.ClientConnection.QPS != 10 ||
+		c.ClientConnection.ContentType != "application/json" || c.ClientConnection.Kubeconfig != "/k" ||
+		c.Logging.Format != "json" || c.Logging.Verbosity != 3 || !c.IPTables.MasqueradeAll || o.Master != "https://192.0.2.9:6443" ||
+		c.NodePortAddresses[0] != "primary" || *c.OOMScoreAdj != -998 || !c.EnableProfiling || c.Mode != ModeIPVS {
+		t.Errorf("flags not taken: %+v", c)
+	}
+	// A bare IP in the file takes the server's port, as in kube-proxy.
+	o, err = parse(t, "--config", writeConfig(t, header+"healthzBindAddress: 0.0.0.0\nmetricsBindAddress: \"::\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Config.HealthzBindAddress != "0.0.0.0:10256" || o.Config.MetricsBindAddress != "[::]:10249" {
+		t.Errorf("bare IPs: %q %q", o.Config.HealthzBindAddress, o.Config.MetricsBindAddress)
+	}
+	// An empty bind address given on the command line disables the server.
+	if o, err = parse(t, "--metrics-bind-address", ""); err != nil || o.Config.MetricsBindAddress != "" {
+		t.Errorf("metrics address %q (%v), want disabled", o.Config.MetricsBindAddress, err)
+	}
+	if o, err = parse(t, "--metrics-port", "0"); err != nil || o.Config.MetricsBindAddress != "" {
+		t.Errorf("--metrics-port 0: metrics address %q (%v), want disabled", o.Config.MetricsBindAddress, err)
+	}
+}
+
+// TestWriteConfigTo: --write-config-to writes a file --config reads back
+// to the same configuration.
+func TestWriteConfigTo(t *testing.T) {
+	o, err := parse(t, "--proxy-mode", "ipvs", "--cluster-cidr", "10.244.0.0/16", "--conntrack-max-per-core", "0", "-v", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "out.yaml")
+	if err := Write(p, &o.Config); err != nil {
+		t.Fatal(err)
+	}
+	back, err := parse(t, "--config", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := back.Config
+	if c.Mode != ModeIPVS || c.ClusterCIDR != "10.244.0.0/16" || c.Conntrack.MaxPerCore == nil || *c.Conntrack.MaxPerCore != 0 ||
+		c.Logging.Verbosity != 2 || c.IPVS.MinSyncPeriod.Duration != DefaultMinSyncPeriod {
+		t.Errorf("read back %+v", c)
+	}
+	again := filepath.Join(t.TempDir(), "again.yaml")
+	if err := Write(again, &back.Config); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(p)
+	b, _ := os.ReadFile(again)
+	if string(a) != string(b) {
+		t.Errorf("written, read and written again differs:\n%s\n---\n%s", a, b)
+	}
+}
+
+func sortedCopy(s []string) []string { return slices.Sorted(slices.Values(s)) }
 
 // TestNoConfigFile: flags alone, with their defaults.
 func TestNoConfigFile(t *testing.T) {
@@ -146,7 +248,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{[]string{"--proxy-mode", "iptables"}, `mode "iptables"`},
 		{[]string{"--proxy-mode", "nftables"}, `mode "nftables"`},
-		{[]string{"--healthz-bind-address", "10256"}, "healthzBindAddress"},
+		{[]string{"--healthz-bind-address", "10256"}, "healthz-bind-address"},
 		{[]string{"--oom-score-adj", "-1001"}, "oomScoreAdj"},
 		{[]string{"--cluster-cidr", "10.0.0.0/33"}, "clusterCIDR"},
 		{[]string{"--min-sync-period", "1m", "--sync-period", "30s"}, "minSyncPeriod"},

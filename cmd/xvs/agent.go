@@ -2,22 +2,39 @@ package main
 
 import (
 	"context"
-	"flag"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os/signal"
 	"syscall"
 
+	"github.com/spf13/pflag"
+
 	"github.com/xvs-lb/xvs/agent"
+	"github.com/xvs-lb/xvs/config"
+	"github.com/xvs-lb/xvs/version"
 )
 
 // runAgent is `xvs agent`: kube-proxy's command line (and --config file)
 // into agent.Options, then the agent until SIGINT or SIGTERM.
 func runAgent(args []string) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("xvs agent", pflag.ContinueOnError)
+	fs.SortFlags = false
 	o := &agent.Options{}
 	o.AddFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil // usage printed; exit 0 as kube-proxy --help
+		}
 		return err
+	}
+	switch o.Version {
+	case "true":
+		fmt.Println(version.String())
+		return nil
+	case "raw":
+		fmt.Println(version.Version())
+		return nil
 	}
 	if err := o.Complete(fs); err != nil {
 		return err
@@ -26,8 +43,20 @@ func runAgent(args []string) error {
 	log := agent.NewLogger(o.Config.Logging.Format, v)
 	slog.SetDefault(log)
 	agent.RouteKlog(log, v)
-	if o.Cleanup {
+	if len(o.Ignored) > 0 {
+		log.Warn("Flags ignored: the --config file sets these fields (as kube-proxy, which ignores them without a word)", "flags", o.Ignored)
+	}
+	switch {
+	case o.WriteConfigTo != "":
+		if err := config.Write(o.WriteConfigTo, &o.Config); err != nil {
+			return err
+		}
+		log.Info("Wrote configuration", "file", o.WriteConfigTo)
+		return nil
+	case o.Cleanup:
 		return agent.Cleanup(log, o)
+	case o.InitOnly:
+		return agent.InitOnly(log, o)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -71,8 +71,9 @@ func measureVM(ctx context.Context, opts Options) (*vmResult, error) {
 	}
 	defer os.RemoveAll(share)
 	for _, b := range [][2]string{{"xvsbench", "./hack/bench"}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, b[0]), b[1])
-		cmd.Dir = root
+		// hack/bench is its own module: built from its directory.
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(share, b[0]), ".")
+		cmd.Dir = filepath.Join(root, b[1])
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "PATH="+os.Getenv("PATH")+":/usr/local/go/bin")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("build %s: %v: %s", b[1], err, out)
