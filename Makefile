@@ -35,7 +35,11 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v
 GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 VERSION_PKG := github.com/xvs-lb/xvs/version
-LDFLAGS    := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(BUILD_DATE)
+# component-base's version (kubernetes_build_info, as kube-proxy exports it)
+# says xvs's too.
+K8S_VERSION_PKG := k8s.io/component-base/version
+LDFLAGS    := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(BUILD_DATE) \
+	-X $(K8S_VERSION_PKG).gitVersion=$(VERSION) -X $(K8S_VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(K8S_VERSION_PKG).buildDate=$(BUILD_DATE)
 
 # bin/xvs is the developer build: the product's subcommands and the
 # harness's (demo, lab, conformance; -tags lab). bin/node/xvs is the

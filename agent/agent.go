@@ -26,6 +26,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/component-base/metrics/prometheus/feature"
 	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/config"
@@ -225,6 +226,11 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	}
 	if err := a.devices().Validate(); err != nil {
 		return nil, err
+	}
+	// kubernetes_feature_enabled for the gates whose behaviour xvs has
+	// (all GA: stage "").
+	for name, on := range config.KnownFeatureGates {
+		feature.RecordFeatureInfo(ctx, name, "", on)
 	}
 	for _, fd := range config.Unsupported(c) {
 		log.Warn("Configuration field not supported by xvs; it has no effect", "field", fd.Field, "value", fd.Value, "reason", fd.Reason)

@@ -196,17 +196,25 @@ type (
 	// recoveredDatapath tells how many frontends it found programmed when
 	// it started (the first-sync guard).
 	recoveredDatapath interface{ RecoveredFrontends() int }
+	// conntrackReconciler times the last sync's deletion of removed UDP
+	// (and SCTP) endpoints' flows.
+	conntrackReconciler interface{ ConntrackReconcileTime() time.Duration }
+	// ruleWriter counts failed writes of its netfilter rules.
+	ruleWriter interface{ RuleWriteFailures() uint64 }
 )
 
-// Both modes' datapaths are Datapaths; the ebpf one has every optional
-// capability.
+// Both modes' datapaths are Datapaths, with the optional capabilities
+// each has.
 var (
-	_ Datapath           = (*ipvs.Datapath)(nil)
-	_ Datapath           = (*maps.Datapath)(nil)
-	_ fullSyncForcer     = (*maps.Datapath)(nil)
-	_ staleFlowCounter   = (*maps.Datapath)(nil)
-	_ conntrackOccupancy = (*maps.Datapath)(nil)
-	_ recoveredDatapath  = (*maps.Datapath)(nil)
+	_ Datapath            = (*ipvs.Datapath)(nil)
+	_ Datapath            = (*maps.Datapath)(nil)
+	_ fullSyncForcer      = (*maps.Datapath)(nil)
+	_ staleFlowCounter    = (*maps.Datapath)(nil)
+	_ conntrackOccupancy  = (*maps.Datapath)(nil)
+	_ recoveredDatapath   = (*maps.Datapath)(nil)
+	_ conntrackReconciler = (*maps.Datapath)(nil)
+	_ conntrackReconciler = (*ipvs.Datapath)(nil)
+	_ ruleWriter          = (*ipvs.Datapath)(nil)
 )
 
 // activeDatapath is the datapath the agent runs with.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -43,6 +44,9 @@ type syncer struct {
 	// staleCounted is what the reconciler counter holds of the
 	// datapath's StaleFlowsDeleted, by family.
 	staleCounted [2]uint64
+	// rulesCounted is what the restore-failure counter holds of the
+	// datapath's RuleWriteFailures.
+	rulesCounted uint64
 
 	mu sync.Mutex
 	// triggers are the EndpointSlice last-change-trigger-times of changes
@@ -184,7 +188,9 @@ func (s *syncer) sync(ctx context.Context) error {
 		}
 		s.lastRewrite = start
 	}
-	if err := s.dp.Sync(ctx, b.State); err != nil {
+	err := s.dp.Sync(ctx, b.State)
+	s.countRuleFailures(b.State)
+	if err != nil {
 		s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
 		s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
 		s.tracker.ForceFullSync()
@@ -195,7 +201,6 @@ func (s *syncer) sync(ctx context.Context) error {
 	}
 	s.synced = true
 	s.reportDatapathProblems(s.dp.Problems())
-	s.countStaleFlows()
 	end := time.Now()
 	if b.Full {
 		s.lastFull = end
@@ -207,7 +212,13 @@ func (s *syncer) sync(ctx context.Context) error {
 	took := end.Sub(start)
 	s.summary.update(b.State)
 	fams := s.families(b.State)
+	s.countStaleFlows(fams)
 	s.metrics.ObserveSync(fams, b.Full, took, end)
+	if r, ok := s.dp.(conntrackReconciler); ok {
+		for _, f := range fams {
+			s.metrics.ConntrackReconcileLatency.WithLabelValues(f).Observe(r.ConntrackReconcileTime().Seconds())
+		}
+	}
 	for _, t := range triggers {
 		s.metrics.NetworkProgrammingLatency.WithLabelValues(t.family).Observe(end.Sub(t.at).Seconds())
 	}
@@ -316,18 +327,36 @@ func (s *syncer) reportDatapathProblems(probs []string) {
 
 // countStaleFlows adds the UDP/SCTP flows the datapath deleted for their
 // removed endpoints since the last sync to kube-proxy's reconciler counter.
-func (s *syncer) countStaleFlows() {
+func (s *syncer) countStaleFlows(fams []string) {
 	d, ok := s.dp.(staleFlowCounter)
 	if !ok {
 		return
 	}
 	n := d.StaleFlowsDeleted()
 	for i, fam := range []string{xmetrics.IPv4, xmetrics.IPv6} {
-		if n[i] > s.staleCounted[i] {
+		// The served families' series exist from the first sync, at 0,
+		// as kube-proxy's do.
+		if n[i] > s.staleCounted[i] || slices.Contains(fams, fam) {
 			s.metrics.ConntrackDeletedTotal.WithLabelValues(fam).Add(float64(n[i] - s.staleCounted[i]))
 		}
 	}
 	s.staleCounted = n
+}
+
+// countRuleFailures adds the datapath's new netfilter rule write failures
+// to kube-proxy's restore-failure counter, for each family served.
+func (s *syncer) countRuleFailures(st *model.State) {
+	w, ok := s.dp.(ruleWriter)
+	if !ok {
+		return
+	}
+	n := w.RuleWriteFailures()
+	if n > s.rulesCounted {
+		for _, f := range s.families(st) {
+			s.metrics.RulesRestoreFailuresTotal.WithLabelValues(f).Add(float64(n - s.rulesCounted))
+		}
+	}
+	s.rulesCounted = n
 }
 
 // guardFirstSync holds a suspicious first sync (agent_firstsync.go) from

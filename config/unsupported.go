@@ -20,19 +20,16 @@ type Finding struct {
 
 func (f Finding) String() string { return fmt.Sprintf("%s=%s: %s", f.Field, f.Value, f.Reason) }
 
-// KnownFeatureGates are the kube-proxy feature gates whose behaviour xvs
-// has built in, with the value that matches it. Setting one of them to
-// that value changes nothing; the other value, or any other gate, is a
-// Finding.
+// KnownFeatureGates are the kube-proxy v1.37 feature gates whose
+// behaviour xvs has built in, with the value that matches it. Setting one
+// of them to that value changes nothing; the other value, or any other
+// gate, is a Finding. (ServiceTrafficDistribution, ProxyTerminatingEndpoints
+// and KubeProxyDrainingTerminatingNodes are GA and removed from v1.37,
+// which refuses them; xvs has their behaviour and reports them.)
 var KnownFeatureGates = map[string]bool{
-	// KEP-3015: PreferSameNode hints are honoured (beta, on, since v1.34).
+	// KEP-3015: PreferSameNode hints are honoured (GA, locked on, since
+	// v1.35).
 	"PreferSameTrafficDistribution": true,
-	// KEP-4444: trafficDistribution hints are honoured (GA in v1.33).
-	"ServiceTrafficDistribution": true,
-	// KEP-1669: serving/terminating endpoints (GA in v1.28).
-	"ProxyTerminatingEndpoints": true,
-	// KEP-3836: /healthz reports node eligibility (GA in v1.30).
-	"KubeProxyDrainingTerminatingNodes": true,
 }
 
 // Unsupported lists every field of c that xvs does not honour in the
@@ -127,7 +124,7 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 		want, known := KnownFeatureGates[name]
 		switch {
 		case !known:
-			add("featureGates."+name, v, "not a gate xvs knows; its behaviour is whatever docs/configuration.md says")
+			add("featureGates."+name, v, "not a kube-proxy v1.37 gate xvs knows; its behaviour is whatever docs/configuration.md says")
 		case v != want:
 			add("featureGates."+name, v, fmt.Sprintf("xvs always behaves as with %s=%v", name, want))
 		}

@@ -104,6 +104,10 @@ type Datapath struct {
 	schedOK  map[string]error
 	udp      map[vsKey]bool // UDP frontends of the last sync
 	problems []string
+	// ruleFailures counts failed writes of the nftables rules; ctTook is
+	// how long the last sync's stale UDP conntrack cleanup took.
+	ruleFailures uint64
+	ctTook       time.Duration
 
 	stop chan struct{}
 	done chan struct{}
@@ -181,6 +185,22 @@ func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Dat
 func (d *Datapath) Mode() string { return "ipvs" }
 
 // Problems lists what the last sync could not program as asked.
+// RuleWriteFailures counts the syncs whose nftables rules could not be
+// written (kube-proxy's iptables-restore failures).
+func (d *Datapath) RuleWriteFailures() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ruleFailures
+}
+
+// ConntrackReconcileTime is how long the last sync spent deleting the
+// conntrack entries of removed UDP endpoints.
+func (d *Datapath) ConntrackReconcileTime() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ctTook
+}
+
 func (d *Datapath) Problems() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -363,6 +383,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	// (source ranges, KUBE-IPVS-FILTER) and masquerade are in place.
 	if !d.cfg.NoRules {
 		if err := d.rule.Apply(renderRules(st, want, d.cfg)); err != nil {
+			d.ruleFailures++
 			return err
 		}
 	}
@@ -452,10 +473,12 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	if err := d.saveOwned(); err != nil {
 		errs = append(errs, err)
 	}
+	ctStart := time.Now()
 	if err := d.ct.CleanupUDP(want.Serving, goneUDP); err != nil {
 		// Stale entries cost a UDP client a retry; not worth a failed sync.
 		d.problems = append(d.problems, "stale UDP conntrack cleanup: "+err.Error())
 	}
+	d.ctTook = time.Since(ctStart)
 	d.udp = map[vsKey]bool{}
 	for k := range want.Serving {
 		d.udp[k] = true

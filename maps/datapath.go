@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -101,6 +102,8 @@ type Datapath struct {
 	// staleDeleted counts UDP/SCTP flows and socket choices deleted
 	// because their backend stopped serving, by family (IPv4, IPv6).
 	staleDeleted [2]uint64
+	// staleTook is how long the last Sync's stale-flow deletion took.
+	staleTook time.Duration
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -247,6 +250,11 @@ func (d *Datapath) ConntrackOccupancy() map[string][2]uint64 {
 // choices) syncs have deleted because their backend stopped serving, for
 // IPv4 and IPv6 (kube-proxy's conntrack_reconciler_deleted_entries_total).
 func (d *Datapath) StaleFlowsDeleted() [2]uint64 { return d.staleDeleted }
+
+// ConntrackReconcileTime is how long the last Sync spent deleting the
+// flows of removed UDP and SCTP endpoints (kube-proxy's conntrack
+// reconciler).
+func (d *Datapath) ConntrackReconcileTime() time.Duration { return d.staleTook }
 
 // ForceFullSync makes the next Sync rewrite every entry it owns and remove
 // whatever else the maps hold, as at start: it repairs maps changed behind
@@ -438,8 +446,11 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 	}
-	if err := d.flushStale(st, touched); err != nil {
-		return err
+	flushStart := time.Now()
+	ferr := d.flushStale(st, touched)
+	d.staleTook = time.Since(flushStart)
+	if ferr != nil {
+		return ferr
 	}
 	if err := d.syncClusterIPs(); err != nil {
 		return err

@@ -3,8 +3,12 @@
 // clusterloader2's NetworkProgrammingLatency measurement work unchanged,
 // and xvs's own under the xvs_ prefix.
 //
-// Every metric lives in a Metrics value with its own registry (no global
-// state), so tests and several agents in one process do not collide.
+// Every metric of the agent's own lives in a Metrics value with its own
+// registry, so tests and several agents in one process do not collide.
+// /metrics serves it beside component-base's process-wide registry, as
+// kube-proxy serves that one: the Go and process collectors, client-go's
+// rest_client_* metrics, kubernetes_build_info, kubernetes_feature_enabled
+// and the registry's own meta metrics.
 package metrics
 
 import (
@@ -12,8 +16,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/component-base/metrics/legacyregistry"
+	_ "k8s.io/component-base/metrics/prometheus/restclient" // rest_client_*: client-go's requests to the API server
+	_ "k8s.io/component-base/metrics/prometheus/version"    // kubernetes_build_info
 )
 
 const kubeProxySubsystem = "kubeproxy"
@@ -27,6 +33,9 @@ const (
 // Metrics are the agent's metrics.
 type Metrics struct {
 	Registry *prometheus.Registry
+	// Gatherer is what /metrics serves: component-base's registry, then
+	// Registry.
+	Gatherer prometheus.Gatherer
 
 	// kube-proxy's (docs/semantics.md §3.21).
 	SyncProxyRulesLatency             *prometheus.HistogramVec
@@ -43,6 +52,8 @@ type Metrics struct {
 	ProxyHealthzTotal                 *prometheus.CounterVec
 	ProxyLivezTotal                   *prometheus.CounterVec
 	ConntrackDeletedTotal             *prometheus.CounterVec
+	ConntrackReconcileLatency         *prometheus.HistogramVec
+	RulesRestoreFailuresTotal         *prometheus.CounterVec
 
 	// xvs's own.
 	SyncFailuresTotal *prometheus.CounterVec
@@ -69,8 +80,7 @@ func programmingBuckets() []float64 {
 	return b
 }
 
-// New returns the metrics registered on a fresh registry, with the Go and
-// process collectors kube-proxy's registry has too.
+// New returns the metrics registered on a fresh registry.
 func New() *Metrics {
 	kp := func(name string) prometheus.Opts {
 		return prometheus.Opts{Subsystem: kubeProxySubsystem, Name: name}
@@ -124,6 +134,13 @@ func New() *Metrics {
 		ProxyLivezTotal:   counterVec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code"),
 		ConntrackDeletedTotal: counterVec("conntrack_reconciler_deleted_entries_total",
 			"Cumulative conntrack flows deleted by conntrack reconciler", "ip_family"),
+		ConntrackReconcileLatency: hist("conntrack_reconciler_sync_duration_seconds",
+			"ReconcileConntrackFlowsLatency latency in seconds", syncBuckets, "ip_family"),
+		// kube-proxy's IPVS mode counts its iptables-restore failures; xvs
+		// counts failed writes of its own netfilter table (the ipvs mode's
+		// nftables masquerade and filter rules).
+		RulesRestoreFailuresTotal: counterVec("sync_proxy_rules_iptables_restore_failures_total",
+			"Cumulative proxy iptables restore failures", "ip_family"),
 
 		SyncFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_sync_failures_total",
 			Help: "Datapath syncs that failed (each is followed by a full resync)"}, []string{"mode"}),
@@ -144,13 +161,13 @@ func New() *Metrics {
 		DatapathFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_datapath_fallbacks_total",
 			Help: "Times the agent fell back from the BPF datapath, by target mode and reason"}, []string{"to", "reason"}),
 	}
+	m.Gatherer = prometheus.Gatherers{legacyregistry.DefaultGatherer, m.Registry}
 	m.Registry.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.SyncProxyRulesLatency, m.SyncFullProxyRulesLatency, m.SyncPartialProxyRulesLatency,
 		m.SyncProxyRulesLastTimestamp, m.SyncProxyRulesLastQueuedTimestamp, m.NetworkProgrammingLatency,
 		m.EndpointChangesPending, m.EndpointChangesTotal, m.ServiceChangesPending, m.ServiceChangesTotal,
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
+		m.ConntrackReconcileLatency, m.RulesRestoreFailuresTotal,
 		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped, m.FirstSyncHeld,
 		m.DatapathMode, m.DatapathFallbacks,
 	)
@@ -171,7 +188,7 @@ func (m *Metrics) SetDatapathMode(mode string, modes ...string) {
 
 // Handler serves the registry in the Prometheus exposition format.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+	return promhttp.HandlerFor(m.Gatherer, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
 // ObserveSync records one successful sync of the given families.
