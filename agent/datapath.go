@@ -24,8 +24,8 @@ import (
 
 // Proxy modes (KubeProxyConfiguration mode, --proxy-mode).
 const (
-	modeEBPF = "ebpf"
-	modeIPVS = "ipvs"
+	modeEBPF = string(model.ModeEBPF)
+	modeIPVS = string(model.ModeIPVS)
 )
 
 // Netfilter modes of the ebpf datapath (--netfilter-mode).
@@ -87,11 +87,7 @@ func (f *modeFlags) register(fs *pflag.FlagSet) {
 }
 
 func (f *modeFlags) validate() error {
-	switch f.proxyMode {
-	case modeEBPF, modeIPVS:
-	case "bpf", "":
-		f.proxyMode = modeEBPF
-	default:
+	if _, ok := model.ParseMode(f.proxyMode); !ok {
 		return fmt.Errorf("--proxy-mode %q: want ebpf or ipvs", f.proxyMode)
 	}
 	switch f.netfilter {

@@ -19,16 +19,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	kpv1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/xvs-lb/xvs/model"
 )
 
 // Modes xvs implements. kube-proxy's own iptables, nftables and kernelspace
 // are refused: running xvs means choosing xvs's datapath.
 const (
-	// ModeEBPF is xvs's tc/XDP datapath, the default.
-	ModeEBPF = "ebpf"
-	// ModeIPVS is the kernel IPVS fallback, for kernels without the BPF
-	// features xvs needs.
-	ModeIPVS = "ipvs"
+	ModeEBPF = kpv1.ProxyMode(model.ModeEBPF)
+	ModeIPVS = kpv1.ProxyMode(model.ModeIPVS)
 )
 
 // Defaults that differ from a zero KubeProxyConfiguration. The kube-proxy
@@ -154,9 +153,7 @@ func SetDefaults(c *kpv1.KubeProxyConfiguration) {
 // does not implement.
 func Validate(c *kpv1.KubeProxyConfiguration) error {
 	var errs []error
-	switch string(c.Mode) {
-	case ModeEBPF, ModeIPVS:
-	default:
+	if _, ok := model.ParseMode(string(c.Mode)); !ok {
 		errs = append(errs, fmt.Errorf("mode %q: xvs implements %q (its eBPF datapath) and %q (the kernel IPVS fallback); "+
 			"kube-proxy's iptables and nftables modes are kube-proxy's own", c.Mode, ModeEBPF, ModeIPVS))
 	}

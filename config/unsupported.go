@@ -89,7 +89,7 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 
 	// IPVS-only knobs have no meaning for the eBPF datapath; in ipvs mode
 	// the IPVS datapath reads them.
-	if string(c.Mode) == ModeEBPF {
+	if c.Mode == ModeEBPF {
 		const ipvsOnly = "kernel IPVS only (mode: ipvs); the eBPF datapath has its own conntrack and no IPVS virtual servers"
 		if len(c.IPVS.ExcludeCIDRs) > 0 {
 			add("ipvs.excludeCIDRs", c.IPVS.ExcludeCIDRs, ipvsOnly)

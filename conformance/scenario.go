@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/xvs-lb/xvs/model"
 )
 
 // Scenario is one file: one node's view of a cluster, the Kubernetes
@@ -308,17 +310,18 @@ const (
 // Mode names. FORMAT.md calls the eBPF datapath "bpf"; the CLI says
 // "ebpf". Both spellings are accepted in `modes:` and `overrides:`.
 const (
-	ModeEBPF = "ebpf"
-	ModeIPVS = "ipvs"
+	ModeEBPF = string(model.ModeEBPF)
+	ModeIPVS = string(model.ModeIPVS)
 )
 
 // canonicalMode maps a mode spelling to the CLI's name, or "".
 func canonicalMode(m string) string {
-	switch strings.ToLower(strings.TrimSpace(m)) {
-	case "bpf", "ebpf":
+	m = strings.ToLower(strings.TrimSpace(m))
+	if m == "bpf" { // FORMAT.md's spelling
 		return ModeEBPF
-	case "ipvs":
-		return ModeIPVS
+	}
+	if mode, ok := model.ParseMode(m); ok {
+		return string(mode)
 	}
 	return ""
 }

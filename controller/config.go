@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/xvs-lb/xvs/model"
 )
 
 // NodePortAddressesPrimary is the kube-proxy nodePortAddresses value meaning
@@ -30,19 +32,14 @@ const (
 	maxAffinityTimeout     = 86400 // seconds; API validation upper bound
 )
 
-// schedulers lists the scheduler names accepted in Config.Scheduler and the
-// xvs.io/scheduler annotation: "" (uniform random, as iptables/nftables) and
-// the kernel IPVS schedulers.
-var schedulers = map[string]bool{
-	"": true, "random": true, "rr": true, "wrr": true, "lc": true, "wlc": true, "lblc": true,
-	"lblcr": true, "dh": true, "sh": true, "sed": true, "nq": true, "fo": true,
-	"ovf": true, "mh": true, "twos": true,
+// KnownScheduler reports whether name is an accepted scheduler
+// (model.Schedulers). An unknown name in an annotation is reported and the
+// default used instead, so that one bad Service cannot make a datapath
+// refuse the whole State.
+func KnownScheduler(name string) bool {
+	_, ok := model.LookupScheduler(name)
+	return ok
 }
-
-// KnownScheduler reports whether name is an accepted scheduler. An unknown
-// name in an annotation is reported and the default used instead, so that
-// one bad Service cannot make a datapath refuse the whole State.
-func KnownScheduler(name string) bool { return schedulers[name] }
 
 // Config is the node-wide configuration of the translation; the field names
 // follow KubeProxyConfiguration where one exists.

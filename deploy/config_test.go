@@ -33,7 +33,7 @@ func TestConfigMapIsTheAgentsConfig(t *testing.T) {
 	if !ok {
 		t.Fatal("no config.conf key: the DaemonSet reads /var/lib/xvs/config.conf")
 	}
-	for _, mode := range []string{config.ModeEBPF, config.ModeIPVS} {
+	for _, mode := range []string{string(config.ModeEBPF), string(config.ModeIPVS)} {
 		t.Run(mode, func(t *testing.T) {
 			doc := strings.Replace(data, "mode: ebpf", "mode: "+mode, 1)
 			c, err := config.Decode([]byte(doc))

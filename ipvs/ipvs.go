@@ -182,7 +182,7 @@ func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Dat
 }
 
 // Mode names the datapath, as /proxyMode reports it.
-func (d *Datapath) Mode() string { return "ipvs" }
+func (d *Datapath) Mode() string { return string(model.ModeIPVS) }
 
 // Problems lists what the last sync could not program as asked.
 // RuleWriteFailures counts the syncs whose nftables rules could not be

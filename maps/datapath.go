@@ -227,7 +227,7 @@ func (d *Datapath) recover() error {
 	return d.reconcileStats()
 }
 
-func (d *Datapath) Mode() string { return "ebpf" }
+func (d *Datapath) Mode() string { return string(model.ModeEBPF) }
 
 // RecoveredFrontends is how many frontends (address, port, protocol) the
 // pinned maps held when this Datapath was created: what a restarted

@@ -78,8 +78,7 @@ func realServers(s *harness.Single) (map[netip.AddrPort]maps.BackendView, error)
 // waitIPVS polls until the VIP's TCP virtual server has want real servers
 // of non-zero weight.
 func waitIPVS(s *harness.Single, want int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	return s.WaitCount("IPVS: real servers of non-zero weight", want, timeout, func() (int, error) {
 		rs, err := realServers(s)
 		n := 0
 		for _, b := range rs {
@@ -87,19 +86,8 @@ func waitIPVS(s *harness.Single, want int, timeout time.Duration) error {
 				n++
 			}
 		}
-		if err == nil && n == want {
-			return nil
-		}
-		if ended, aerr := s.Agent.Exited(); ended {
-			log, _ := os.ReadFile(s.Agent.Log)
-			return fmt.Errorf("agent exited (%v):\n%s", aerr, log)
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(s.Agent.Log)
-			return fmt.Errorf("IPVS: VIP not programmed with %d real servers after %v (have %v, %v); agent log:\n%s", want, timeout, rs, err, log)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return n, err
+	})
 }
 
 // TestPrivIPVSTraffic: real TCP and UDP from a client namespace through

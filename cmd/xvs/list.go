@@ -16,7 +16,6 @@ import (
 
 	"github.com/xvs-lb/xvs/agent"
 	xbpf "github.com/xvs-lb/xvs/bpf"
-	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
@@ -80,13 +79,13 @@ func listMode(mode, pinPath string) string {
 		return mode
 	}
 	if _, err := os.Stat(pinPath); err != nil {
-		return config.ModeIPVS
+		return string(model.ModeIPVS)
 	}
-	return config.ModeEBPF
+	return string(model.ModeEBPF)
 }
 
 func readSnapshot(mode, pinPath string, stats bool, ic ipvs.Config) (*maps.Snapshot, error) {
-	if listMode(mode, pinPath) == config.ModeIPVS {
+	if listMode(mode, pinPath) == string(model.ModeIPVS) {
 		return listIPVS(stats, ic)
 	}
 	m, err := maps.OpenPinned(pinPath)
@@ -243,7 +242,7 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 	var cs []maps.Connection
 	var err error
 	kind := "eBPF"
-	if listMode(mode, pinPath) == config.ModeIPVS {
+	if listMode(mode, pinPath) == string(model.ModeIPVS) {
 		kind = "IPVS"
 		cs, err = ipvsConnections(f)
 	} else {

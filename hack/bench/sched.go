@@ -15,7 +15,15 @@ import (
 )
 
 // benchSchedulers are the schedulers whose new-flow cost is measured.
-var benchSchedulers = []string{"random", "rr", "wrr", "lc", "wlc", "sed", "nq", "sh", "dh", "mh"}
+var benchSchedulers = func() []string {
+	var out []string
+	for _, s := range model.Schedulers {
+		if s.BPF && s.Name != "" {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}()
 
 // maglevBackends and the table size of the Maglev build-time figure; the
 // goal is 5 ms or less.

@@ -163,12 +163,18 @@ func (s *Single) StartAgent(extra ...string) error {
 	return nil
 }
 
-// waitProgrammed polls the pinned maps until the VIP's TCP port lists want
+// WaitProgrammed polls the pinned maps until the VIP's TCP port lists want
 // backends, or the timeout passes.
 func (s *Single) WaitProgrammed(want int, timeout time.Duration) error {
+	return s.WaitCount("VIP programmed with backends", want, timeout, s.ProgrammedBackends)
+}
+
+// WaitCount polls count until it says want, failing at once when the agent
+// exits and after timeout otherwise, with the agent's log.
+func (s *Single) WaitCount(what string, want int, timeout time.Duration, count func() (int, error)) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := s.ProgrammedBackends()
+		n, err := count()
 		if err == nil && n == want {
 			return nil
 		}
@@ -178,7 +184,7 @@ func (s *Single) WaitProgrammed(want int, timeout time.Duration) error {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(s.Agent.Log)
-			return fmt.Errorf("VIP not programmed with %d backends after %v (have %d, %v); agent log:\n%s", want, timeout, n, err, log)
+			return fmt.Errorf("%s: %d after %v, want %d (%v); agent log:\n%s", what, n, timeout, want, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
