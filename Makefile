@@ -36,21 +36,28 @@ GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 VERSION_PKG := github.com/xvs-lb/xvs/version
 # component-base's version (kubernetes_build_info, as kube-proxy exports it)
-# says xvs's too.
+# says xvs's too. It must read vX.Y.Z...: component-base's metrics registry
+# parses it at start (and panics on anything else), so a describe without a
+# tag (a bare commit) becomes v0.0.0-<commit>.
 K8S_VERSION_PKG := k8s.io/component-base/version
+K8S_GIT_VERSION := $(shell echo '$(VERSION)' | grep -qE '^v[0-9]+\.[0-9]+\.[0-9]+' && echo '$(VERSION)' || echo 'v0.0.0-$(VERSION)')
 LDFLAGS    := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(BUILD_DATE) \
-	-X $(K8S_VERSION_PKG).gitVersion=$(VERSION) -X $(K8S_VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(K8S_VERSION_PKG).buildDate=$(BUILD_DATE)
+	-X $(K8S_VERSION_PKG).gitVersion=$(K8S_GIT_VERSION) -X $(K8S_VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(K8S_VERSION_PKG).buildDate=$(BUILD_DATE)
 
 # bin/xvs is the developer build: the product's subcommands and the
 # harness's (demo, lab, conformance; -tags lab). bin/node/xvs is the
 # DaemonSet's binary, the Dockerfile's: agent, list and cleanup only,
 # linking neither lab nor conformance.
 NODE_BIN ?= bin/node/xvs
+# Each build runs its binary once: a link-time stamp a package parses at
+# init (component-base's version) must not make it panic at start.
 build:
 	CGO_ENABLED=0 $(GO) build -tags lab -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/xvs
+	./$(BIN) --version >/dev/null
 
 build-node:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(NODE_BIN) ./cmd/xvs
+	./$(NODE_BIN) --version >/dev/null
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
