@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,7 +19,7 @@ import (
 )
 
 // serveHTTP starts kube-proxy's two servers: /healthz, /livez and /readyz on
-// healthzBindAddress, /metrics and /proxyMode (and /debug/pprof with
+// healthzBindAddress, /metrics, /proxyMode and /configz (and /debug/pprof with
 // enableProfiling) on metricsBindAddress. An empty address disables a
 // server. A server that cannot listen is fatal with bindAddressHardFail,
 // else logged. stop shuts the servers down and waits for running
@@ -34,6 +35,17 @@ func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, mode)
+	})
+	// kube-proxy's /configz: the configuration in effect, keyed by its
+	// group (here the v1alpha1 form the file is written in).
+	configz, err := json.Marshal(map[string]any{"kubeproxy.config.k8s.io": c})
+	if err != nil {
+		return nil, err
+	}
+	metricsMux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write(configz)
 	})
 	if c.EnableProfiling {
 		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -426,6 +426,15 @@ func TestPrivKubeAgent(t *testing.T) {
 		if code, _, mode, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/proxyMode"); err != nil || code != 200 || mode != "ebpf" {
 			t.Fatalf("/proxyMode %d %q %v", code, mode, err)
 		}
+		code, _, cz, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/configz")
+		var configz map[string]struct {
+			Mode             string `json:"mode"`
+			HostnameOverride string `json:"hostnameOverride"`
+		}
+		if err != nil || code != 200 || json.Unmarshal([]byte(cz), &configz) != nil ||
+			configz["kubeproxy.config.k8s.io"].Mode != "ebpf" || configz["kubeproxy.config.k8s.io"].HostnameOverride != "node" {
+			t.Fatalf("/configz %d %v: %s", code, err, cz)
+		}
 		m := w.metricsText(t)
 		if n := metricValue(m, `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`); n < 10 {
 			t.Errorf("network programming latency observed %v times, want >= 10", n)
