@@ -20,6 +20,9 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 [[ $(id -u) == 0 ]] || { echo "e2e: needs root" >&2; exit 1; }
 t0=$SECONDS
+# What is tested is what the tree holds now (the binary is built from it
+# below); edits made while the suite runs are not in it.
+commit_at_start="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (working tree with uncommitted changes)')"
 say() { echo "e2e [$((SECONDS - t0))s]: $*" >&2; }
 
 BIN=$(hack/e2e/build.sh)
@@ -127,7 +130,7 @@ rc=$?
 set -e
 node_pid=
 {
-  echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (working tree with uncommitted changes)')"
+  echo "commit=$commit_at_start"
   echo "version=$("$XVS_BIN" --version)"
   echo "kernel=$(uname -r) ($(nproc) CPUs, $(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1048576)) GiB)"
   echo "k8s=$(awk '$1=="k8s.io/kubernetes"{print $2}' test/e2e/go.mod), containerd v2.4.2, runc v1.5.3, CoreDNS v1.15.0, CNI plugins v1.10.0"

@@ -226,7 +226,10 @@ say "e2e.test $*"
 set +e
 # In the background, so that a signal stops it at once (bash runs traps
 # only between foreground commands).
-{ e2e.test --kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$BIN/kubectl" \
+# Its temporary files (kubectl's test-kuberc* directories) go under the
+# rig, which the teardown removes.
+mkdir -p "$RIG/tmp"
+{ TMPDIR="$RIG/tmp" e2e.test --kubeconfig="$KUBECONFIG" --provider=local --kubectl-path="$BIN/kubectl" \
     --report-dir="$ART" --e2e-output-dir="$ART" --minStartupPods=1 --ginkgo.no-color --ginkgo.timeout=3h --ginkgo.v "$@" 2>&1
   echo $? >"$RIG/e2e.rc"; } | tee "$ART/e2e.log" >&2 &
 pids+=($!)
