@@ -243,7 +243,7 @@ func startDatapath(log *slog.Logger, f settings, ev *nodeEvents, m *xmetrics.Met
 				log.Warn("IPVS cleanup", "err", err)
 			}
 		}
-		m.SetDatapathMode(modeEBPF, modeEBPF, modeIPVS)
+		m.SetDatapathMode(model.ModeEBPF)
 		return a, nil
 	}
 	if mf.fallback != modeIPVS {
@@ -361,7 +361,7 @@ func startIPVS(log *slog.Logger, f settings, icfg ipvs.Config, m *xmetrics.Metri
 			return nil, fmt.Errorf("remove the BPF datapath under %s: %w", f.pinPath, err)
 		}
 	}
-	m.SetDatapathMode(modeIPVS, modeEBPF, modeIPVS)
+	m.SetDatapathMode(model.ModeIPVS)
 	return &activeDatapath{dp: dp, close: dp.Close}, nil
 }
 

@@ -188,8 +188,9 @@ func (s *syncer) sync(ctx context.Context) error {
 		}
 		s.lastRewrite = start
 	}
+	fams := s.families(b.State)
 	err := s.dp.Sync(ctx, b.State)
-	s.countRuleFailures(b.State)
+	s.countRuleFailures(fams)
 	if err != nil {
 		s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
 		s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
@@ -211,7 +212,6 @@ func (s *syncer) sync(ctx context.Context) error {
 	}
 	took := end.Sub(start)
 	s.summary.update(b.State)
-	fams := s.families(b.State)
 	s.countStaleFlows(fams)
 	s.metrics.ObserveSync(fams, b.Full, took, end)
 	if r, ok := s.dp.(conntrackReconciler); ok {
@@ -345,14 +345,14 @@ func (s *syncer) countStaleFlows(fams []string) {
 
 // countRuleFailures adds the datapath's new netfilter rule write failures
 // to kube-proxy's restore-failure counter, for each family served.
-func (s *syncer) countRuleFailures(st *model.State) {
+func (s *syncer) countRuleFailures(fams []string) {
 	w, ok := s.dp.(ruleWriter)
 	if !ok {
 		return
 	}
 	n := w.RuleWriteFailures()
 	if n > s.rulesCounted {
-		for _, f := range s.families(st) {
+		for _, f := range fams {
 			s.metrics.RulesRestoreFailuresTotal.WithLabelValues(f).Add(float64(n - s.rulesCounted))
 		}
 	}

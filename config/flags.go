@@ -170,11 +170,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// component-base's logging flags: --logging-format, -v, --vmodule,
 	// --log-flush-frequency, --log-text-*; the --log-json-* ones are
 	// registered there only with the JSON format's package, so here.
-	logsapi.AddFlags(&fc.Logging, fs)
-	if fs.Lookup("log-json-split-stream") == nil {
-		fs.BoolVar(&fc.Logging.Options.JSON.SplitStream, "log-json-split-stream", false, "[Alpha] in JSON format, errors to stderr and info to stdout")
-		fs.Var(&fc.Logging.Options.JSON.InfoBufferSize, "log-json-info-buffer-size", "[Alpha] in JSON format with split streams, buffer info messages up to this size")
-	}
+	addLoggingFlags(&fc.Logging, fs)
 
 	fs.StringVar(&o.Objects, "objects", "", "directory of Service, EndpointSlice and Node manifests to serve instead of the API server (the file source)")
 	fs.StringVar(&o.Devices, "devices", "", "comma-separated interface names or globs to attach to (default: every interface but lo, including ones created later)")
@@ -187,15 +183,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT (never in production)")
 }
 
-// loggingFlag reports whether name is one of component-base's logging
-// flags, which apply over the file's logging section.
-func loggingFlag(name string) bool {
-	switch name {
-	case "logging-format", "v", "vmodule", "log-flush-frequency",
-		"log-text-split-stream", "log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size":
-		return true
+// addLoggingFlags registers component-base's logging flags bound to c:
+// --logging-format, -v, --vmodule, --log-flush-frequency, --log-text-*,
+// and the --log-json-* ones, which component-base registers only with its
+// JSON format's package (not linked), so here.
+func addLoggingFlags(c *logsapi.LoggingConfiguration, fs *pflag.FlagSet) {
+	logsapi.AddFlags(c, fs)
+	if fs.Lookup("log-json-split-stream") == nil {
+		fs.BoolVar(&c.Options.JSON.SplitStream, "log-json-split-stream", false, "[Alpha] in JSON format, errors to stderr and info to stdout")
+		fs.Var(&c.Options.JSON.InfoBufferSize, "log-json-info-buffer-size", "[Alpha] in JSON format with split streams, buffer info messages up to this size")
 	}
-	return false
 }
 
 // Complete builds Config, kube-proxy's way: the --config file if any
@@ -209,14 +206,6 @@ func (o *Options) Complete() error {
 			return err
 		}
 		o.Config = *c
-		o.Ignored = nil
-		o.fs.Visit(func(f *pflag.Flag) {
-			switch {
-			case loggingFlag(f.Name):
-			case o.configNames[f.Name]:
-				o.Ignored = append(o.Ignored, f.Name)
-			}
-		})
 		if err := o.loggingOverFile(); err != nil {
 			return err
 		}
@@ -307,17 +296,22 @@ func (o *Options) deprecatedPorts() {
 
 // loggingOverFile copies the logging flags given on the command line over
 // the file's logging section, as kube-proxy does (--config ... -v=4
-// works); --vmodule entries are added to the file's.
+// works; --vmodule entries are added to the file's), and lists the other
+// configuration flags given in Ignored.
 func (o *Options) loggingOverFile() error {
 	var over pflag.FlagSet
 	to := &o.Config.Logging
 	vmodule := to.VModule
 	to.VModule = nil
-	logsapi.AddFlags(to, &over)
-	if over.Lookup("log-json-split-stream") == nil {
-		over.BoolVar(&to.Options.JSON.SplitStream, "log-json-split-stream", false, "")
-		over.Var(&to.Options.JSON.InfoBufferSize, "log-json-info-buffer-size", "")
-	}
+	addLoggingFlags(to, &over)
+	// The other configuration flags given are ignored, as kube-proxy
+	// ignores them.
+	o.Ignored = nil
+	o.fs.Visit(func(f *pflag.Flag) {
+		if o.configNames[f.Name] && over.Lookup(f.Name) == nil {
+			o.Ignored = append(o.Ignored, f.Name)
+		}
+	})
 	var err error
 	over.VisitAll(func(f *pflag.Flag) {
 		if given := o.fs.Lookup(f.Name); err == nil && given != nil && given.Changed {

@@ -20,6 +20,8 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	_ "k8s.io/component-base/metrics/prometheus/restclient" // rest_client_*: client-go's requests to the API server
 	_ "k8s.io/component-base/metrics/prometheus/version"    // kubernetes_build_info
+
+	"github.com/xvs-lb/xvs/model"
 )
 
 const kubeProxySubsystem = "kubeproxy"
@@ -174,15 +176,14 @@ func New() *Metrics {
 	return m
 }
 
-// SetDatapathMode sets xvs_datapath_mode: 1 for mode, 0 for the others of
-// modes.
-func (m *Metrics) SetDatapathMode(mode string, modes ...string) {
-	for _, o := range modes {
+// SetDatapathMode sets xvs_datapath_mode: 1 for mode, 0 for the others.
+func (m *Metrics) SetDatapathMode(mode model.Mode) {
+	for _, o := range model.Modes {
 		v := 0.0
 		if o == mode {
 			v = 1
 		}
-		m.DatapathMode.WithLabelValues(o).Set(v)
+		m.DatapathMode.WithLabelValues(string(o)).Set(v)
 	}
 }
 
