@@ -730,11 +730,14 @@ func TestPrivKubeAPIServerOutage(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
-		got, err := harness.Spread(6, func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second) })
+		// 15 connections over 3 backends all land on one with
+		// probability 3^-14 (about 2e-7) per round; with 6 it was 1/243,
+		// which flaked a CI run.
+		got, err := harness.Spread(15, func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second) })
 		if err != nil || len(got) < 2 {
 			t.Fatalf("%v into the outage: %v %v", time.Since(down).Round(time.Second), got, err)
 		}
-		probes += 6
+		probes += 15
 		if code, _ := w.healthz(t, "/healthz"); code != 200 {
 			t.Fatalf("/healthz %d during the outage with nothing pending", code)
 		}
