@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/gopacket"
@@ -40,6 +41,8 @@ type env struct {
 	dp   *maps.Datapath
 }
 
+var envSeq atomic.Int64
+
 func newEnv(t testing.TB, cfg loader.Config) *env {
 	t.Helper()
 	return newEnvMaps(t, cfg, maps.Config{})
@@ -53,7 +56,8 @@ func newEnvMaps(t testing.TB, cfg loader.Config, mc maps.Config) *env {
 	if err := loader.EnsureBPFFS("/sys/fs/bpf"); err != nil {
 		t.Fatal(err)
 	}
-	cfg.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("xvs-test-%d-%s", os.Getpid(), sanitize(t.Name())))
+	// Each env its own maps, also when a test has several.
+	cfg.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("xvs-test-%d-%d-%s", os.Getpid(), envSeq.Add(1), sanitize(t.Name())))
 	t.Cleanup(func() { os.RemoveAll(cfg.PinPath) })
 	objs, err := loader.Load(cfg)
 	if err != nil {

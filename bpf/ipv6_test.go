@@ -3,6 +3,7 @@ package bpf_test
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/google/gopacket"
@@ -40,15 +41,38 @@ func packet6(t testing.TB, src, dst netip.Addr, p l4, frag *fragHdr) []byte {
 		}
 		return buf.Bytes()
 	}
+	fh := []byte{byte(proto), 0, byte(frag.offset >> 5), byte(frag.offset<<3) | boolByte(frag.more), 0, 0, 0, byte(frag.id)}
+	return packet6Behind(t, src, dst, p, layers.IPProtocolIPv6Fragment, fh)
+}
+
+// packet6Behind is packet6 with the L4 header behind hand-built extension
+// headers (hdrs; first: the protocol number of the first of them, the last
+// naming TCP or UDP).
+func packet6Behind(t testing.TB, src, dst netip.Addr, p l4, first layers.IPProtocol, hdrs []byte) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nodeMAC, EthernetType: layers.EthernetTypeIPv6}
+	ip := &layers.IPv6{Version: 6, HopLimit: 64, SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), NextHeader: layers.IPProtocolTCP}
+	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
+	var l4l gopacket.SerializableLayer
+	if p.proto == model.UDP {
+		ip.NextHeader = layers.IPProtocolUDP
+		udp := &layers.UDP{SrcPort: layers.UDPPort(p.sport), DstPort: layers.UDPPort(p.dport)}
+		udp.SetNetworkLayerForChecksum(ip)
+		l4l = udp
+	} else {
+		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, Seq: 1000, Window: 65535}
+		tcp.SetNetworkLayerForChecksum(ip)
+		l4l = tcp
+	}
 	// The L4 header and payload with their checksum over the pseudo
-	// header, then behind a hand-built fragment header.
+	// header, then behind the extension headers.
 	seg := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(seg, opts, l4l, gopacket.Payload(p.payload)); err != nil {
 		t.Fatal(err)
 	}
-	fh := []byte{byte(proto), 0, byte(frag.offset >> 5), byte(frag.offset<<3) | boolByte(frag.more), 0, 0, 0, byte(frag.id)}
-	ip.NextHeader = layers.IPProtocolIPv6Fragment
-	if err := gopacket.SerializeLayers(buf, opts, eth, ip, gopacket.Payload(append(fh, seg.Bytes()...))); err != nil {
+	ip.NextHeader = first
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, opts, eth, ip, gopacket.Payload(append(slices.Clone(hdrs), seg.Bytes()...))); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -102,6 +126,10 @@ func TestPrivPacketIPv6(t *testing.T) {
 	}{
 		{"TCP SYN", packet6(t, cl6, vip6, l4{proto: model.TCP, sport: 40000, dport: 80, syn: true}, nil)},
 		{"UDP", packet6(t, cl6, vip6, l4{proto: model.UDP, sport: 40001, dport: 53, payload: []byte("query")}, nil)},
+		// Hop-by-hop options (a PadN), then destination options (a
+		// PadN), then TCP: the parser walks both.
+		{"TCP behind hop-by-hop and destination options", packet6Behind(t, cl6, vip6, l4{proto: model.TCP, sport: 40003, dport: 80, syn: true},
+			layers.IPProtocolIPv6HopByHop, []byte{60, 0, 1, 4, 0, 0, 0, 0, 6, 0, 1, 4, 0, 0, 0, 0})},
 		{"UDP first fragment", packet6(t, cl6, vip6, l4{proto: model.UDP, sport: 40002, dport: 53, payload: make([]byte, 64)},
 			&fragHdr{more: true, id: 7})},
 	} {

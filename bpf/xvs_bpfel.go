@@ -30,7 +30,8 @@ type XvsFlowScratch struct {
 		Family   uint8
 		ScanSlot uint8
 		HasL4    bool
-		_        [3]byte
+		Fragment bool
+		Need     uint16
 	}
 	_   [4]byte
 	Res struct {

@@ -11,6 +11,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "flags.h"
 #include "maps.h"
 #include "parse.h"
 #include "stats.h"
@@ -237,11 +238,11 @@ ct_flow_lookup(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u6
 		fe = bpf_map_lookup_elem(&xvs_ct_unreplied, &fk);
 	else
 		fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
-	if (!fe || (fe->flags & XVS_CT_F_REPLY) || now > fe->expires)
+	if (!fe || ct_is_reply(fe) || now > fe->expires)
 		return NULL;
 	if (!addr_eq(fe->nat_addr, rk->saddr) || fe->nat_port != rk->sport)
 		return NULL;
-	if (fe->flags & XVS_CT_F_SNAT) {
+	if (ct_is_snat(fe)) {
 		if (!addr_eq(fe->snat_addr, rk->daddr) || fe->snat_port != rk->dport)
 			return NULL;
 	} else if (!addr_eq(rev->snat_addr, rk->daddr) || rev->snat_port != rk->dport) {

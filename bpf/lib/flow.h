@@ -11,6 +11,7 @@
 
 #include "affinity.h"
 #include "ct.h"
+#include "flags.h"
 #include "lb.h"
 #include "maps.h"
 #include "parse.h"
@@ -52,8 +53,6 @@ struct flow_res {
 };
 
 #define XVS_CT_F_NF_MASK (XVS_CT_F_NETFILTER | XVS_CT_F_NF_MASQ)
-
-#define __noinline __attribute__((noinline))
 
 /* Per-CPU scratch space for the packet path: the parsed packet, the
  * decision and the conntrack entry being built live here rather than on the
@@ -109,7 +108,7 @@ static __always_inline void flow_forward_rewrite(const struct xvs_pkt *p, const 
 {
 	__builtin_memcpy(rw->daddr, e->nat_addr, 16);
 	rw->dport = e->nat_port;
-	if (e->flags & XVS_CT_F_SNAT) {
+	if (ct_is_snat(e)) {
 		__builtin_memcpy(rw->saddr, e->snat_addr, 16);
 		rw->sport = e->snat_port;
 	} else {
@@ -176,14 +175,14 @@ static __noinline int flow_no_service(const struct xvs_pkt *p, __u32 *verdict)
 static __always_inline bool flow_masquerade(const struct xvs_config *cfg, const struct xvs_svc_value *svc,
 					    bool pod, bool hairpin)
 {
-	if (hairpin || (cfg->flags & XVS_CFG_MASQ_ALL))
+	if (hairpin || cfg_masquerade_all(cfg))
 		return true;
 	if (svc->kind == XVS_KIND_CLUSTER_IP)
 		/* Off-cluster sources, when a detector says what "local" is. */
-		return (cfg->flags & XVS_CFG_DETECT_LOCAL) && !pod;
+		return cfg_detects_local(cfg) && !pod;
 	/* External addresses: always with eTP=Cluster; never with eTP=Local
 	 * (external clients keep their address, pods short-circuit). */
-	return !(svc->flags & XVS_SVC_F_LOCAL);
+	return !svc_is_local(svc);
 }
 
 enum {
@@ -322,7 +321,7 @@ __noinline int snat_port_held(const struct xvs_ct_key *rk, struct xvs_ct_entry *
 		return 1;
 	stats_flush(fe);
 	stats_flush(rev);
-	if (fe->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
+	if (ct_counts_for_backend(fe))
 		ct_release(fe);
 	fe->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
 	fe->expires = 0;
@@ -417,20 +416,67 @@ static __noinline struct xvs_backend *flow_choose(const struct xvs_pkt *p, struc
 {
 	struct xvs_backend *be = NULL;
 
-	if (svc->flags & XVS_SVC_F_AFFINITY)
+	if (svc_has_affinity(svc))
 		be = affinity_lookup(key, svc, p, now, backend_id);
 	if (!be)
 		be = lb_select(key, svc, p, backend_id);
-	if (be && (svc->flags & XVS_SVC_F_AFFINITY))
+	if (be && svc_has_affinity(svc))
 		affinity_update(svc, p, *backend_id, now);
 	return be;
+}
+
+/* The frontend at p's destination (key: its service key, filled in), or
+ * NULL when there is none. */
+static __always_inline struct xvs_svc_value *flow_frontend(const struct xvs_pkt *p, struct xvs_svc_key *key)
+{
+	svc_key(key, p->daddr, p->dport, p->proto, p->family, XVS_SCOPE_POLICY);
+	return bpf_map_lookup_elem(&xvs_services, key);
+}
+
+/* May a new connection to the frontend *svcp (at key) start, and which
+ * endpoints does it use? The one admission every hook applies, packets and
+ * host sockets alike: the source ranges first, then an in-cluster client
+ * (in_cluster: a pod, or the node itself) of an eTP=Local Service is
+ * short-circuited to the cluster-wide endpoints (key and *svcp move to
+ * that scope), and a Service with nothing to offer drops (endpoints
+ * elsewhere only) or rejects (none at all). XVS_ACT_NEW: a backend may be
+ * chosen; otherwise XVS_ACT_DROP or XVS_ACT_REJECT with *verdict set. */
+static __always_inline int flow_admit(const struct xvs_pkt *p, struct xvs_svc_key *key,
+				      struct xvs_svc_value **svcp, bool in_cluster, __u32 *verdict)
+{
+	struct xvs_svc_value *svc = *svcp;
+
+	if (svc_has_source_ranges(svc) && !lpm_match(&xvs_source_ranges, svc->svc_id, p->saddr, p->family)) {
+		*verdict = XVS_V_DROP_SOURCE_RANGE;
+		return XVS_ACT_DROP;
+	}
+	if (svc_short_circuits(svc) && in_cluster) {
+		/* As kube-proxy short-circuits pods and the node itself to
+		 * the cluster's endpoints. */
+		key->scope = XVS_SCOPE_SHORT_CIRCUIT;
+		svc = bpf_map_lookup_elem(&xvs_services, key);
+		if (!svc) {
+			*verdict = XVS_V_DROP_NO_BACKEND;
+			return XVS_ACT_DROP;
+		}
+		*svcp = svc;
+	}
+	if (svc->count == 0) {
+		if (svc_has_endpoints(svc)) {
+			*verdict = XVS_V_DROP_NO_LOCAL;
+			return XVS_ACT_DROP;
+		}
+		*verdict = XVS_V_REJECT_NO_ENDPOINTS;
+		return XVS_ACT_REJECT;
+	}
+	return XVS_ACT_NEW;
 }
 
 /* Is rev the reply entry of p's client tuple? Its pending counts are
  * flushed when it is. */
 static __always_inline bool flow_retire_reply(const struct xvs_pkt *p, struct xvs_ct_entry *rev)
 {
-	if (!rev || !(rev->flags & XVS_CT_F_REPLY) || !addr_eq(rev->snat_addr, p->saddr) ||
+	if (!rev || !ct_is_reply(rev) || !addr_eq(rev->snat_addr, p->saddr) ||
 	    rev->snat_port != p->sport || !addr_eq(rev->nat_addr, p->daddr) || rev->nat_port != p->dport)
 		return false;
 	stats_flush(rev);
@@ -446,10 +492,10 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 	struct xvs_ct_entry *rev;
 
 	stats_flush(old);
-	if (old->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE))
+	if (ct_counts_for_backend(old))
 		ct_release(old);
 	old->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
-	if (old->flags & XVS_CT_F_SNAT)
+	if (ct_is_snat(old))
 		ct_key(&rk, old->nat_addr, old->snat_addr, old->nat_port, old->snat_port, p->proto,
 		       p->family);
 	else
@@ -480,14 +526,113 @@ static __noinline bool flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
 	return have && ct_flow_of(ck, have, now, true);
 }
 
+/* How a new flow to backend be leaves the node, given whether kube-proxy
+ * would masquerade it (snat): the flow's XVS_CT_F_* path flags go into
+ * *flags, the masquerade source into *node; returns whether xvs itself
+ * masquerades it. A backend on this node's own address is delivered
+ * locally, where netfilter never masquerades (POSTROUTING is not on that
+ * path), and its replies are reverse-NATed at egress; in netfilter mode
+ * the stack routes, filters and masquerades the translated packet (a route
+ * to an address of this node is local delivery, as above); otherwise xvs
+ * masquerades by the egress interface's address, as MASQUERADE does. */
+static __always_inline bool flow_nat_path(void *ctx, const struct xvs_pkt *p, const struct xvs_config *cfg,
+					  const struct xvs_backend *be, bool snat, __u16 *flags, const __u8 **node)
+{
+	__u32 ifindex = 0;
+	struct xvs_if_addrs *ifa;
+
+	if (backend_on_host(be)) {
+		*flags |= XVS_CT_F_HOST;
+		return false;
+	}
+	if (cfg_netfilter(cfg)) {
+		*flags |= XVS_CT_F_NETFILTER;
+		if (snat)
+			*flags |= flow_route(ctx, p, be->addr, be->port, &ifindex) == FLOW_ROUTE_LOCAL ? XVS_CT_F_HOST
+												: XVS_CT_F_NF_MASQ;
+		return false;
+	}
+	if (!snat)
+		return false;
+	switch (flow_route(ctx, p, be->addr, be->port, &ifindex)) {
+	case FLOW_ROUTE_LOCAL:
+		*flags |= XVS_CT_F_HOST;
+		return false;
+	case FLOW_ROUTE_FWD:
+		ifa = bpf_map_lookup_elem(&xvs_if_snat, &ifindex);
+		if (ifa) {
+			const __u8 *a = p->family == XVS_FAMILY_IPV4 ? ifa->addr4 : ifa->addr6;
+
+			if (!addr_is_zero(a))
+				*node = a;
+		}
+		break;
+	}
+	return true;
+}
+
+/* The closed or expired flow of p's client tuple, if any, is replaced by
+ * the new one: it is retired (flow_retire), and its masquerade port
+ * returned, for the new flow to try first (a reused client port recycles
+ * its mapping), or 0. */
+static __always_inline __be16 flow_replace(const struct xvs_pkt *p)
+{
+	struct xvs_ct_key ck = {};
+	struct xvs_ct_entry *old;
+	__be16 prefer = 0;
+
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+	if (old && !ct_is_reply(old)) {
+		if (ct_is_snat(old))
+			prefer = old->snat_port;
+		flow_retire(p, old);
+		/* The new flow starts in the unreplied table: the old one
+		 * must not answer for its tuple meanwhile. */
+		bpf_map_delete_elem(&xvs_conntrack, &ck);
+		return prefer;
+	}
+	old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+	if (old && !ct_is_reply(old)) {
+		if (ct_is_snat(old))
+			prefer = old->snat_port;
+		flow_retire(p, old);
+	}
+	return prefer;
+}
+
+/* Does p open a flow? Only a SYN opens a TCP flow; anything else without
+ * conntrack is conntrack-INVALID (a stray RST, a segment of a forgotten
+ * flow) and dropped. XVS_ACT_NEW when it does. */
+static __always_inline int flow_opens(void *ctx, const struct xvs_pkt *p, const struct xvs_config *cfg,
+				      __u32 *verdict)
+{
+	__u32 ifindex = 0;
+
+	if (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) == TCP_FLAG_SYN)
+		return XVS_ACT_NEW;
+	/* In netfilter mode, a segment to a port of this node's own address
+	 * may be a reply netfilter masqueraded (it chose the port): its
+	 * conntrack knows, ours cannot. */
+	if (cfg_netfilter(cfg) && flow_route(ctx, p, p->daddr, p->dport, &ifindex) == FLOW_ROUTE_LOCAL) {
+		*verdict = XVS_V_PASS;
+		return XVS_ACT_PASS;
+	}
+	*verdict = XVS_V_DROP_INVALID;
+	return XVS_ACT_DROP;
+}
+
 /* First packet of a flow to a frontend: filter, choose a backend, decide
  * on masquerade, record both directions in conntrack. A closed or
- * expired flow of the same client tuple is replaced. */
+ * expired flow of the same client tuple is replaced. The recording stays
+ * in this one function (about 100 lines): its order is the protocol
+ * (reply entry before forward entry, both built in one scratch entry), and
+ * a subprogram per step would stack frames the deepest chain (the
+ * masquerade port search) has no room for. */
 static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_svc_key *key = &res->key;
 	struct xvs_svc_value *svc;
-	struct xvs_ct_entry *old;
 	struct xvs_ct_key ck = {};
 	__u32 *verdict = &res->verdict;
 	__u64 now = res->now;
@@ -496,56 +641,22 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	__u32 zero = 0;
 	bool pod;
 
-	svc_key(key, p->daddr, p->dport, p->proto, p->family, XVS_SCOPE_POLICY);
-	svc = bpf_map_lookup_elem(&xvs_services, key);
+	svc = flow_frontend(p, key);
 	if (!svc)
 		return flow_no_service(p, verdict);
 	cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 	if (!cfg)
 		cfg = &no_config;
-	pod = (cfg->flags & XVS_CFG_DETECT_LOCAL) &&
+	pod = cfg_detects_local(cfg) &&
 	      lpm_match(&xvs_pod_cidrs, p->family, p->saddr, p->family);
 
-	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) &&
-	    !lpm_match(&xvs_source_ranges, svc->svc_id, p->saddr, p->family)) {
-		*verdict = XVS_V_DROP_SOURCE_RANGE;
-		return XVS_ACT_DROP;
-	}
-	if ((svc->flags & XVS_SVC_F_SHORT_CIRCUIT) && pod) {
-		/* eTP=Local: pods reach every endpoint, as kube-proxy
-		 * short-circuits them to the cluster set. */
-		key->scope = XVS_SCOPE_SHORT_CIRCUIT;
-		svc = bpf_map_lookup_elem(&xvs_services, key);
-		if (!svc) {
-			*verdict = XVS_V_DROP_NO_BACKEND;
-			return XVS_ACT_DROP;
-		}
-	}
-	if (svc->count == 0) {
-		if (svc->flags & XVS_SVC_F_HAS_ENDPOINTS) {
-			*verdict = XVS_V_DROP_NO_LOCAL;
-			return XVS_ACT_DROP;
-		}
-		*verdict = XVS_V_REJECT_NO_ENDPOINTS;
-		return XVS_ACT_REJECT;
-	}
-	/* Only a SYN opens a TCP flow; anything else without conntrack is
-	 * conntrack-INVALID (a stray RST, a segment of a forgotten flow). */
-	if (p->proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) != TCP_FLAG_SYN) {
-		__u32 ifindex = 0;
+	int act = flow_admit(p, key, &svc, pod, verdict);
 
-		/* In netfilter mode, a segment to a port of this node's own
-		 * address may be a reply netfilter masqueraded (it chose the
-		 * port): its conntrack knows, ours cannot. */
-		if ((cfg->flags & XVS_CFG_NETFILTER) &&
-		    flow_route(ctx, p, p->daddr, p->dport, &ifindex) == FLOW_ROUTE_LOCAL) {
-			*verdict = XVS_V_PASS;
-			return XVS_ACT_PASS;
-		}
-		*verdict = XVS_V_DROP_INVALID;
-		return XVS_ACT_DROP;
-	}
+	if (act != XVS_ACT_NEW)
+		return act;
+	act = flow_opens(ctx, p, cfg, verdict);
+	if (act != XVS_ACT_NEW)
+		return act;
 
 	__u32 backend_id = 0;
 	struct xvs_backend *be = flow_choose(p, key, svc, now, &backend_id);
@@ -559,75 +670,12 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	__be16 be_port = be->port;
 	const __u8 *node = p->family == XVS_FAMILY_IPV4 ? cfg->snat_addr4 : cfg->snat_addr6;
 	bool snat = flow_masquerade(cfg, svc, pod, addr_eq(be_addr, p->saddr)) && !addr_is_zero(node);
-	__u16 flags = 0;
-	__u8 state = XVS_CT_NONE;
-	__be16 sport = p->sport, prefer = 0;
+	__u16 flags = p->proto == IPPROTO_TCP ? XVS_CT_F_SYN : 0;
+	__u8 state = p->proto == IPPROTO_TCP ? XVS_CT_SYN_SENT : XVS_CT_NONE;
+	__be16 sport = p->sport, prefer;
 
-	if (p->proto == IPPROTO_TCP) {
-		flags = XVS_CT_F_SYN;
-		state = XVS_CT_SYN_SENT;
-	}
-	if (be->flags & XVS_BACKEND_F_HOST) {
-		/* A backend on this node's own address is delivered locally,
-		 * where netfilter never masquerades (POSTROUTING is not on
-		 * that path); its replies are reverse-NATed at egress. */
-		flags |= XVS_CT_F_HOST;
-		snat = false;
-	} else if (cfg->flags & XVS_CFG_NETFILTER) {
-		/* Netfilter mode: the stack routes, filters and masquerades
-		 * the translated packet; a route to this node's own address
-		 * is local delivery, never masqueraded, as above. */
-		flags |= XVS_CT_F_NETFILTER;
-		if (snat) {
-			__u32 ifindex = 0;
-
-			if (flow_route(ctx, p, be_addr, be_port, &ifindex) == FLOW_ROUTE_LOCAL)
-				flags |= XVS_CT_F_HOST;
-			else
-				flags |= XVS_CT_F_NF_MASQ;
-			snat = false;
-		}
-	} else if (snat) {
-		/* Masquerade leaves by the egress interface's address, as
-		 * MASQUERADE does. */
-		__u32 ifindex = 0;
-		struct xvs_if_addrs *ifa;
-
-		switch (flow_route(ctx, p, be_addr, be_port, &ifindex)) {
-		case FLOW_ROUTE_LOCAL:
-			flags |= XVS_CT_F_HOST;
-			snat = false;
-			break;
-		case FLOW_ROUTE_FWD:
-			ifa = bpf_map_lookup_elem(&xvs_if_snat, &ifindex);
-			if (ifa) {
-				const __u8 *a = p->family == XVS_FAMILY_IPV4 ? ifa->addr4 : ifa->addr6;
-
-				if (!addr_is_zero(a))
-					node = a;
-			}
-			break;
-		}
-	}
-	/* The closed or expired flow of this client tuple, if any, that this
-	 * one replaces. */
-	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
-	if (old && !(old->flags & XVS_CT_F_REPLY)) {
-		if (old->flags & XVS_CT_F_SNAT)
-			prefer = old->snat_port;
-		flow_retire(p, old);
-		/* The new flow starts in the unreplied table: the old one
-		 * must not answer for its tuple meanwhile. */
-		bpf_map_delete_elem(&xvs_conntrack, &ck);
-	} else {
-		old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
-		if (old && !(old->flags & XVS_CT_F_REPLY)) {
-			if (old->flags & XVS_CT_F_SNAT)
-				prefer = old->snat_port;
-			flow_retire(p, old);
-		}
-	}
+	snat = flow_nat_path(ctx, p, cfg, be, snat, &flags, &node);
+	prefer = flow_replace(p);
 
 	/* The entry is built in per-CPU scratch space: two of them on the
 	 * stack would not fit the BPF stack beside everything else. */
@@ -714,7 +762,7 @@ static __always_inline int flow_track_in(const struct xvs_pkt *p, const struct x
 {
 	if (!e)
 		return XVS_ACT_NEW;
-	if (e->flags & XVS_CT_F_REPLY) {
+	if (ct_is_reply(e)) {
 		struct xvs_ct_entry *fe = ct_flow_of(ck, e, res->now, unreplied);
 
 		/* A stale reply entry (the reaper removes it) says nothing:
@@ -723,7 +771,7 @@ static __always_inline int flow_track_in(const struct xvs_pkt *p, const struct x
 			return XVS_ACT_NEW;
 		/* A reply of a netfilter-mode flow meets netfilter as it
 		 * left the backend; its egress translates it. */
-		if (e->flags & XVS_CT_F_NETFILTER) {
+		if (ct_via_netfilter(e)) {
 			res->verdict = XVS_V_PASS;
 			return XVS_ACT_PASS;
 		}
@@ -782,7 +830,7 @@ static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, stru
 static __always_inline struct xvs_ct_entry *flow_egress_of(const struct xvs_ct_key *ck,
 							   struct xvs_ct_entry *e, __u64 now, bool unreplied)
 {
-	if (!e || !(e->flags & XVS_CT_F_REPLY) || !(e->flags & (XVS_CT_F_HOST | XVS_CT_F_NETFILTER)))
+	if (!e || !ct_is_reply(e) || !ct_reversed_at_egress(e))
 		return NULL;
 	return ct_flow_of(ck, e, now, unreplied);
 }

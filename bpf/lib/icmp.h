@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "ct.h"
+#include "flags.h"
 #include "maps.h"
 #include "parse.h"
 #include "stats.h"
@@ -60,7 +61,7 @@ static __always_inline struct xvs_ct_entry *icmp_flow(const struct xvs_ct_key *r
 		e = bpf_map_lookup_elem(&xvs_ct_unreplied, rk);
 		unreplied = true;
 	}
-	if (!e || !(e->flags & XVS_CT_F_REPLY) || !(e->flags & (XVS_CT_F_HOST | XVS_CT_F_NETFILTER)))
+	if (!e || !ct_is_reply(e) || !ct_reversed_at_egress(e))
 		return NULL;
 	*rev = e;
 	return ct_flow_of(rk, e, now, unreplied);

@@ -1,7 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Packet parsing: from an skb to the tuple the load balancer works on.
- * Anything we cannot parse is left untouched (XVS_V_PASS_MALFORMED): the
- * kernel stack is a better judge of a broken packet than we are. */
+/* Packet parsing: from the bytes of a packet to the tuple the load
+ * balancer works on. One parser for every hook: it reads headers between
+ * data and data_end (direct packet access, the same for an skb and an XDP
+ * buffer) and, when they go on past data_end, says how many bytes it needs
+ * (XVS_PARSE_SHORT); the tc programs pull that much into the skb's linear
+ * part and parse again, XDP leaves such a packet to tc. Anything we cannot
+ * parse is left untouched (XVS_V_PASS_MALFORMED): the kernel stack is a
+ * better judge of a broken packet than we are. */
 #ifndef XVS_PARSE_H
 #define XVS_PARSE_H
 
@@ -28,6 +33,7 @@ enum {
 	XVS_PARSE_IGNORE,    /* not a protocol we balance */
 	XVS_PARSE_MALFORMED, /* truncated or inconsistent headers */
 	XVS_PARSE_FRAGMENT,  /* non-first fragment of an unknown flow */
+	XVS_PARSE_SHORT,     /* headers past data_end: xvs_pkt.need bytes wanted */
 };
 
 /* The tuple. Addresses are 16 bytes as in every map: IPv4 uses the first
@@ -51,6 +57,11 @@ struct xvs_pkt {
 	__u8 scan_slot;
 	/* The L4 header is in this packet (false for non-first fragments). */
 	bool has_l4;
+	/* The packet is a fragment (first or later) of an IP datagram. */
+	bool fragment;
+	/* With XVS_PARSE_SHORT: how many bytes from the packet's start the
+	 * parser needs to read directly. */
+	__u16 need;
 };
 
 #define TCP_FLAG_FIN 0x01
@@ -87,6 +98,10 @@ static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
  * addresses. */
 #define SCTP_HDR_LEN 12
 
+/* How far into a packet the L4 header may start: a constant bound lets
+ * the verifier follow packet offsets computed from header lengths. */
+#define PARSE_MAX_L4_OFF 128
+
 static __always_inline int l4_hdr_len(__u8 proto)
 {
 	if (proto == IPPROTO_TCP)
@@ -99,60 +114,78 @@ static __always_inline bool l4_balanced(__u8 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
+static __always_inline int parse_short(struct xvs_pkt *p, __u32 need)
+{
+	p->need = need;
+	return XVS_PARSE_SHORT;
+}
+
 /* Read the ports (and TCP flags) of the L4 header at p->l4_off. */
-static __always_inline int parse_l4(struct __sk_buff *skb, struct xvs_pkt *p)
+static __always_inline int parse_l4(void *data, void *data_end, struct xvs_pkt *p)
 {
 	__u32 off = p->l4_off;
-	__u8 proto = p->proto;
 
-	/* A constant bound on the offset lets the verifier follow it. */
-	if (off > 128)
-		return -1;
-	if (bpf_skb_pull_data(skb, off + l4_hdr_len(proto)))
-		return -1;
+	if (off > PARSE_MAX_L4_OFF)
+		return XVS_PARSE_MALFORMED;
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = data + off;
 
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	void *l4 = data + off;
-
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
 		if ((void *)(th + 1) > data_end)
-			return -1;
+			return parse_short(p, off + sizeof(*th));
 		if (th->doff < 5)
-			return -1;
+			return XVS_PARSE_MALFORMED;
 		p->sport = th->source;
 		p->dport = th->dest;
 		p->tcp_flags = ((__u8 *)th)[13];
 	} else {
-		struct udphdr *uh = l4;
+		/* UDP, and SCTP's ports in the same place. */
+		struct udphdr *uh = data + off;
+
 		if ((void *)(uh + 1) > data_end)
-			return -1;
+			return parse_short(p, off + sizeof(*uh));
 		p->sport = uh->source;
 		p->dport = uh->dest;
 	}
 	p->has_l4 = true;
+	return XVS_PARSE_OK;
+}
+
+/* The ports of an IPv4 fragmented datagram (by source, destination,
+ * identification and protocol): recorded from its first fragment
+ * (record), or looked up into p for a later one. Returns nonzero when a
+ * later fragment's datagram is unknown. */
+static __always_inline int frag4_ports(struct xvs_pkt *p, __be16 id, bool record)
+{
+	struct xvs_frag_key fk = {
+		.saddr = addr_v4(p->saddr),
+		.daddr = addr_v4(p->daddr),
+		.id = id,
+		.proto = p->proto,
+	};
+	struct xvs_frag_ports *fp;
+
+	if (record) {
+		struct xvs_frag_ports v = {.sport = p->sport, .dport = p->dport};
+
+		bpf_map_update_elem(&xvs_fragments, &fk, &v, BPF_ANY);
+		return 0;
+	}
+	fp = bpf_map_lookup_elem(&xvs_fragments, &fk);
+	if (!fp)
+		return -1;
+	p->sport = fp->sport;
+	p->dport = fp->dport;
 	return 0;
 }
 
-/* Parse an IPv4 packet whose network header starts at l3_off. Returns one of
- * the XVS_PARSE_* codes and fills p. */
-static __attribute__((noinline)) int parse_ipv4(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+/* An IPv4 packet whose header starts at l3_off. */
+static __always_inline int parse_ipv4(void *data, void *data_end, __u32 l3_off, __u32 wire_len,
+				      struct xvs_pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + l3_off;
 
-	if ((void *)(ip + 1) > data_end) {
-		/* Headers may sit in a non-linear part: pull and retry once. */
-		if (bpf_skb_pull_data(skb, l3_off + sizeof(*ip)))
-			return XVS_PARSE_MALFORMED;
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-		ip = data + l3_off;
-		if ((void *)(ip + 1) > data_end)
-			return XVS_PARSE_MALFORMED;
-	}
+	if ((void *)(ip + 1) > data_end)
+		return parse_short(p, l3_off + sizeof(*ip));
 	if (ip->version != 4 || ip->ihl < 5)
 		return XVS_PARSE_MALFORMED;
 	if (!l4_balanced(ip->protocol))
@@ -160,55 +193,33 @@ static __attribute__((noinline)) int parse_ipv4(struct __sk_buff *skb, __u32 l3_
 
 	__u32 ihl = ip->ihl * 4;
 	__u16 tot_len = bpf_ntohs(ip->tot_len);
-	if (tot_len < ihl || l3_off + tot_len > skb->len)
-		return XVS_PARSE_MALFORMED;
 
-	p->l3_off = l3_off;
+	if (tot_len < ihl || l3_off + tot_len > wire_len)
+		return XVS_PARSE_MALFORMED;
 	p->l4_off = l3_off + ihl;
 	p->len = tot_len;
-	p->family = XVS_FAMILY_IPV4;
-	/* Read before any pull: pulling invalidates packet pointers. */
-	__be32 saddr = ip->saddr, daddr = ip->daddr;
-	__builtin_memcpy(p->saddr, &saddr, sizeof(saddr));
-	__builtin_memcpy(p->daddr, &daddr, sizeof(daddr));
+	__builtin_memcpy(p->saddr, &ip->saddr, 4);
+	__builtin_memcpy(p->daddr, &ip->daddr, 4);
 	p->proto = ip->protocol;
-	p->tcp_flags = 0;
-	__be16 ip_id = ip->id;
 
 	__u16 frag = bpf_ntohs(ip->frag_off);
+	__be16 id = ip->id;
+
+	p->fragment = frag & (IP_MF | IP_OFFSET);
 	if (frag & IP_OFFSET) {
 		/* A later fragment: no ports here; take them from the first. */
-		struct xvs_frag_key fk = {
-			.saddr = saddr,
-			.daddr = daddr,
-			.id = ip_id,
-			.proto = p->proto,
-		};
-		struct xvs_frag_ports *fp = bpf_map_lookup_elem(&xvs_fragments, &fk);
-		if (!fp)
+		if (frag4_ports(p, id, false))
 			return XVS_PARSE_FRAGMENT;
-		p->sport = fp->sport;
-		p->dport = fp->dport;
-		p->has_l4 = false;
 		return XVS_PARSE_OK;
 	}
-
 	if (tot_len < ihl + l4_hdr_len(p->proto))
 		return XVS_PARSE_MALFORMED;
-	if (parse_l4(skb, p))
-		return XVS_PARSE_MALFORMED;
-	if (frag & IP_MF) {
-		/* First fragment of several: remember its ports. */
-		struct xvs_frag_key fk = {
-			.saddr = saddr,
-			.daddr = daddr,
-			.id = ip_id,
-			.proto = p->proto,
-		};
-		struct xvs_frag_ports fp = {.sport = p->sport, .dport = p->dport};
-		bpf_map_update_elem(&xvs_fragments, &fk, &fp, BPF_ANY);
-	}
-	return XVS_PARSE_OK;
+
+	int r = parse_l4(data, data_end, p);
+
+	if (r == XVS_PARSE_OK && (frag & IP_MF))
+		frag4_ports(p, id, true); /* first of several: remember */
+	return r;
 }
 
 /* IPv6 extension headers the parser walks (RFC 8200 4.1). */
@@ -220,19 +231,17 @@ static __attribute__((noinline)) int parse_ipv4(struct __sk_buff *skb, __u32 l3_
 #define IPV6_FRAG_OFFSET  0xfff8
 #define IPV6_FRAG_MF	  0x0001
 
-struct ipv6_frag_hdr {
+/* The fragment header, and the first two bytes every other extension
+ * header starts with (next header, length in 8 bytes beyond the first). */
+struct ipv6_ext_hdr {
 	__u8 nexthdr;
-	__u8 reserved;
+	__u8 len;
 	__be16 frag_off;
 	__be32 id;
 };
 
-/* The ports of an IPv6 fragmented datagram (by source, destination,
- * identification and protocol): recorded from its first fragment (record),
- * or looked up into p for a later one. Returns nonzero when a later
- * fragment's datagram is unknown. A subprogram: its key stays off the
- * parser's stack. */
-static __attribute__((noinline)) int frag6_ports(struct xvs_pkt *p, __be32 id, bool record)
+/* The ports of an IPv6 fragmented datagram, as frag4_ports. */
+static __always_inline int frag6_ports(struct xvs_pkt *p, __be32 id, bool record)
 {
 	struct xvs_frag6_key fk = {.id = id, .proto = p->proto};
 	struct xvs_frag_ports *fp;
@@ -253,85 +262,99 @@ static __attribute__((noinline)) int frag6_ports(struct xvs_pkt *p, __be32 id, b
 	return 0;
 }
 
-/* Parse an IPv6 packet whose header starts at l3_off, through up to
+/* An IPv6 packet whose header starts at l3_off, through up to
  * IPV6_EXT_MAX extension headers (hop-by-hop, routing, destination
  * options, fragment) to TCP, UDP or SCTP. A later fragment takes its ports
  * from the first, as for IPv4. */
-static __always_inline int parse_ipv6(struct __sk_buff *skb, __u32 l3_off, struct xvs_pkt *p)
+static __always_inline int parse_ipv6(void *data, void *data_end, __u32 l3_off, __u32 wire_len,
+				      struct xvs_pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	struct ipv6hdr *ip6 = data + l3_off;
 
-	if ((void *)(ip6 + 1) > data_end) {
-		if (bpf_skb_pull_data(skb, l3_off + sizeof(*ip6)))
-			return XVS_PARSE_MALFORMED;
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-		ip6 = data + l3_off;
-		if ((void *)(ip6 + 1) > data_end)
-			return XVS_PARSE_MALFORMED;
-	}
+	if ((void *)(ip6 + 1) > data_end)
+		return parse_short(p, l3_off + sizeof(*ip6));
 	if (ip6->version != 6)
 		return XVS_PARSE_MALFORMED;
 
 	__u32 plen = bpf_ntohs(ip6->payload_len);
+	__u32 end = l3_off + sizeof(*ip6) + plen;
 	__u8 nexthdr = ip6->nexthdr;
 
-	if (l3_off + sizeof(*ip6) + plen > skb->len)
+	if (end > wire_len)
 		return XVS_PARSE_MALFORMED;
-	p->l3_off = l3_off;
 	p->len = sizeof(*ip6) + plen;
-	p->family = XVS_FAMILY_IPV6;
-	p->tcp_flags = 0;
 	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 
 	__u32 off = l3_off + sizeof(*ip6);
-	struct ipv6_frag_hdr fh;
-	bool frag = false;
+	__be16 frag_off = 0;
+	__be32 frag_id = 0;
 
 	for (int i = 0; i < IPV6_EXT_MAX; i++) {
 		if (l4_balanced(nexthdr))
 			break;
-		if (nexthdr == IPV6_EXT_FRAGMENT) {
-			if (frag || bpf_skb_load_bytes(skb, off, &fh, sizeof(fh)))
-				return XVS_PARSE_MALFORMED;
-			frag = true;
-			nexthdr = fh.nexthdr;
-			off += sizeof(fh);
-			continue;
-		}
-		if (nexthdr != IPV6_EXT_HOPOPTS && nexthdr != IPV6_EXT_ROUTING && nexthdr != IPV6_EXT_DSTOPTS)
+		if (nexthdr != IPV6_EXT_HOPOPTS && nexthdr != IPV6_EXT_ROUTING && nexthdr != IPV6_EXT_DSTOPTS &&
+		    nexthdr != IPV6_EXT_FRAGMENT)
 			return XVS_PARSE_IGNORE;
-		__u8 ext[2];
-
-		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
+		if (off > PARSE_MAX_L4_OFF)
 			return XVS_PARSE_MALFORMED;
-		nexthdr = ext[0];
-		off += ((__u32)ext[1] + 1) * 8;
+
+		struct ipv6_ext_hdr *h = data + off;
+
+		if ((void *)(h + 1) > data_end)
+			return parse_short(p, off + sizeof(*h));
+		if (nexthdr == IPV6_EXT_FRAGMENT) {
+			if (p->fragment)
+				return XVS_PARSE_MALFORMED;
+			p->fragment = true;
+			frag_off = h->frag_off;
+			frag_id = h->id;
+			off += sizeof(*h);
+		} else {
+			off += ((__u32)h->len + 1) * 8;
+		}
+		nexthdr = h->nexthdr;
 	}
 	if (!l4_balanced(nexthdr))
 		return XVS_PARSE_IGNORE;
-	if (off > l3_off + sizeof(*ip6) + plen)
+	if (off > end)
 		return XVS_PARSE_MALFORMED;
 	p->proto = nexthdr;
 	p->l4_off = off;
 
-	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_OFFSET)) {
+	if (p->fragment && (bpf_ntohs(frag_off) & IPV6_FRAG_OFFSET)) {
 		/* A later fragment: no ports here; take them from the first. */
-		if (frag6_ports(p, fh.id, false))
+		if (frag6_ports(p, frag_id, false))
 			return XVS_PARSE_FRAGMENT;
-		p->has_l4 = false;
 		return XVS_PARSE_OK;
 	}
-	if (off + l4_hdr_len(nexthdr) > l3_off + sizeof(*ip6) + plen)
+	if (off + l4_hdr_len(nexthdr) > end)
 		return XVS_PARSE_MALFORMED;
-	if (parse_l4(skb, p))
+
+	int r = parse_l4(data, data_end, p);
+
+	if (r == XVS_PARSE_OK && p->fragment && (bpf_ntohs(frag_off) & IPV6_FRAG_MF))
+		frag6_ports(p, frag_id, true); /* first of several: remember */
+	return r;
+}
+
+/* Parse the packet in [data, data_end) whose network header, of family
+ * p->family, starts at p->l3_off (0 or ETH_HLEN); wire_len is the length
+ * of the whole packet, of which an skb's linear part may hold less.
+ * Returns one of the XVS_PARSE_* codes and fills p. A subprogram: every
+ * hook verifies one copy, however often it calls it. */
+static __noinline int parse_packet(void *data, void *data_end, __u32 wire_len, struct xvs_pkt *p)
+{
+	__u32 l3_off = p->l3_off;
+
+	if (l3_off > ETH_HLEN)
 		return XVS_PARSE_MALFORMED;
-	if (frag && (bpf_ntohs(fh.frag_off) & IPV6_FRAG_MF))
-		frag6_ports(p, fh.id, true); /* first of several: remember */
-	return XVS_PARSE_OK;
+	p->tcp_flags = 0;
+	p->has_l4 = false;
+	p->fragment = false;
+	if (p->family == XVS_FAMILY_IPV6)
+		return parse_ipv6(data, data_end, l3_off, wire_len, p);
+	return parse_ipv4(data, data_end, l3_off, wire_len, p);
 }
 
 #endif

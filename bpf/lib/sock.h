@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Traffic from the node itself: socket-level load balancing in cgroup
- * hooks (see bpf/README.md for why). connect() and sendmsg() to a frontend
+ * hooks (the programs are in xvs.c) (see bpf/README.md for why). connect() and sendmsg() to a frontend
  * are sent to a backend chosen exactly as for packets; recvmsg() and
  * getpeername() show the frontend again. The kernel's socket then talks to
  * the backend directly: no per-packet NAT, no conntrack entry. Only
@@ -15,6 +15,7 @@
 
 #include "flow.h"
 #include "lb.h"
+#include "flags.h"
 #include "maps.h"
 #include "stats.h"
 #include "types.h"
@@ -127,26 +128,20 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	}
 
 	struct xvs_svc_key key = {};
-	struct xvs_svc_value *svc;
+	struct xvs_svc_value *svc = flow_frontend(&p, &key);
+	__u32 v = 0;
 
-	svc_key(&key, p.daddr, p.dport, proto, p.family, XVS_SCOPE_POLICY);
-	svc = bpf_map_lookup_elem(&xvs_services, &key);
 	if (!svc)
 		return SOCK_ALLOW; /* not a frontend; tc sees what follows */
-	if ((svc->flags & XVS_SVC_F_SOURCE_RANGES) &&
-	    !lpm_match(&xvs_source_ranges, svc->svc_id, p.saddr, p.family))
-		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
-	if (svc->flags & XVS_SVC_F_SHORT_CIRCUIT) {
-		/* eTP=Local: the node itself reaches every endpoint. */
-		key.scope = XVS_SCOPE_SHORT_CIRCUIT;
-		svc = bpf_map_lookup_elem(&xvs_services, &key);
-		if (!svc)
-			return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
-	}
-	if (svc->count == 0) {
-		if (svc->flags & XVS_SVC_F_HAS_ENDPOINTS)
-			return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+	/* The node itself is an in-cluster client. A connection the packet
+	 * path would drop times out; one it would reject is refused. */
+	switch (flow_admit(&p, &key, &svc, true, &v)) {
+	case XVS_ACT_NEW:
+		break;
+	case XVS_ACT_REJECT:
 		return sock_fail(XVS_V_SOCK_REFUSED, ECONNREFUSED);
+	default:
+		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
 	}
 
 	__u32 backend_id = 0;
@@ -192,54 +187,6 @@ static __always_inline int sock_reverse(struct bpf_sock_addr *ctx, bool v6)
 	if (v)
 		sock_set(ctx, v6, v->addr, v->port);
 	return SOCK_ALLOW;
-}
-
-SEC("cgroup/connect4")
-int xvs_sock_connect4(struct bpf_sock_addr *ctx)
-{
-	return sock_balance(ctx, false, false);
-}
-
-SEC("cgroup/sendmsg4")
-int xvs_sock_sendmsg4(struct bpf_sock_addr *ctx)
-{
-	return sock_balance(ctx, true, false);
-}
-
-SEC("cgroup/recvmsg4")
-int xvs_sock_recvmsg4(struct bpf_sock_addr *ctx)
-{
-	return sock_reverse(ctx, false);
-}
-
-SEC("cgroup/getpeername4")
-int xvs_sock_getpeername4(struct bpf_sock_addr *ctx)
-{
-	return sock_reverse(ctx, false);
-}
-
-SEC("cgroup/connect6")
-int xvs_sock_connect6(struct bpf_sock_addr *ctx)
-{
-	return sock_balance(ctx, false, true);
-}
-
-SEC("cgroup/sendmsg6")
-int xvs_sock_sendmsg6(struct bpf_sock_addr *ctx)
-{
-	return sock_balance(ctx, true, true);
-}
-
-SEC("cgroup/recvmsg6")
-int xvs_sock_recvmsg6(struct bpf_sock_addr *ctx)
-{
-	return sock_reverse(ctx, true);
-}
-
-SEC("cgroup/getpeername6")
-int xvs_sock_getpeername6(struct bpf_sock_addr *ctx)
-{
-	return sock_reverse(ctx, true);
 }
 
 #endif

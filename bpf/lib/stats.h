@@ -9,6 +9,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "flags.h"
 #include "maps.h"
 #include "types.h"
 
@@ -35,7 +36,7 @@ static __always_inline void stats_flush(struct xvs_ct_entry *e)
 
 	id = e->backend_id;
 	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &id);
-	bool in = !(e->flags & XVS_CT_F_REPLY);
+	bool in = !ct_is_reply(e);
 	__u64 conns = in && !(e->flags & XVS_CT_F_COUNTED);
 
 	if (s) {

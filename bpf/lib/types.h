@@ -8,6 +8,11 @@
 
 #include <linux/types.h>
 
+/* A BPF subprogram: verified once, with its own stack frame. */
+#ifndef __noinline
+#define __noinline __attribute__((noinline))
+#endif
+
 enum xvs_family {
 	XVS_FAMILY_IPV4 = 4,
 	XVS_FAMILY_IPV6 = 6,

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The XDP fast path, for the node's external interfaces: NodePort,
+/* The XDP fast path's helpers (the program is in xvs.c), for the node's
+ * external interfaces: NodePort,
  * ExternalIP and LoadBalancer traffic (and any other frontend) is decided
  * and translated before an skb exists. Drops (source ranges, Local policy
  * without local endpoints, invalid packets) end here. Translated packets go
@@ -49,72 +50,58 @@ static __always_inline __u16 csum32_replace(__u16 check, __be32 from, __be32 to)
 	return csum16_replace(check, (__u16)from, (__u16)to);
 }
 
-/* Parse an IPv4 TCP/UDP packet in an XDP buffer. Fragments, IPv6 and
- * anything unusual return false: tc deals with them. */
-static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xvs_pkt *p)
+/* Can XDP translate p itself? An IPv4 TCP or UDP packet that is not a
+ * fragment: anything else goes to tc (which has the rewriting for IPv6,
+ * SCTP and fragments). */
+static __always_inline bool xdp_translatable(const struct xvs_pkt *p)
+{
+	return p->family == XVS_FAMILY_IPV4 && p->has_l4 && !p->fragment &&
+	       (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP);
+}
+
+/* Parse the frame with the one parser (lib/parse.h): true for a packet
+ * XDP translates itself. IPv6 is tc's (XDP rewrites IPv4 only) and is not
+ * even parsed here. A subprogram, so that the program's own frame stays
+ * small beside the decision's deepest chain. */
+static __noinline bool xdp_parse(struct xdp_md *ctx, struct xvs_pkt *p)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN;
 
-	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return false;
-	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-		return false;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return false;
-	p->ifindex = ctx->ingress_ifindex;
 	p->l3_off = ETH_HLEN;
-	p->l4_off = ETH_HLEN + sizeof(*ip);
-	p->len = bpf_ntohs(ip->tot_len);
 	p->family = XVS_FAMILY_IPV4;
-	__builtin_memcpy(p->saddr, &ip->saddr, 4);
-	__builtin_memcpy(p->daddr, &ip->daddr, 4);
-	p->proto = ip->protocol;
-	p->has_l4 = true;
-	if (p->proto == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-
-		if ((void *)(th + 1) > data_end)
-			return false;
-		p->sport = th->source;
-		p->dport = th->dest;
-		p->tcp_flags = ((__u8 *)th)[13];
-	} else {
-		struct udphdr *uh = (void *)(ip + 1);
-
-		if ((void *)(uh + 1) > data_end)
-			return false;
-		p->sport = uh->source;
-		p->dport = uh->dest;
-	}
-	return true;
+	p->ifindex = ctx->ingress_ifindex;
+	return parse_packet(data, data_end, data_end - data, p) == XVS_PARSE_OK && xdp_translatable(p);
 }
 
 /* Rewrite addresses and ports in place, checksums updated incrementally
  * (the L4 checksum covers the addresses through the pseudo header; a UDP
- * checksum of zero means none and stays zero). */
-static __always_inline bool xdp_rewrite(struct xdp_md *ctx, const struct xvs_pkt *p,
-					const struct xvs_rewrite *rw)
+ * checksum of zero means none and stays zero). A subprogram: its
+ * temporaries stay off the program's frame, which the decision's deepest
+ * call chain adds to. */
+static __noinline bool xdp_rewrite(struct xdp_md *ctx, const struct xvs_pkt *p, const struct xvs_rewrite *rw)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
+	__u32 l4_off = p->l4_off;
 	__u16 *l4check;
 	__be16 *ports;
 
-	if ((void *)(ip + 1) > data_end)
+	if ((void *)(ip + 1) > data_end || l4_off > PARSE_MAX_L4_OFF)
 		return false;
 	if (p->proto == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
+		struct tcphdr *th = data + l4_off;
 
 		if ((void *)(th + 1) > data_end)
 			return false;
 		l4check = &th->check;
 		ports = &th->source;
 	} else {
-		struct udphdr *uh = (void *)(ip + 1);
+		struct udphdr *uh = data + l4_off;
 
 		if ((void *)(uh + 1) > data_end)
 			return false;
@@ -162,56 +149,6 @@ static __noinline bool xdp_too_big(struct xdp_md *ctx, const struct xvs_pkt *p, 
 	};
 
 	return bpf_fib_lookup(ctx, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_FRAG_NEEDED;
-}
-
-SEC("xdp")
-int xvs_xdp(struct xdp_md *ctx)
-{
-	struct flow_scratch *sc = flow_scratch();
-	__u32 len = ctx->data_end - ctx->data;
-
-	if (!sc || !xdp_parse(ctx, &sc->pkt))
-		return XDP_PASS;
-	sc->res.len = len;
-	/* Room for the mark first: without it, tc must do everything. */
-	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct xvs_xdp_meta)))
-		return XDP_PASS;
-
-	void *data = (void *)(long)ctx->data;
-	struct xvs_xdp_meta *meta = (void *)(long)ctx->data_meta;
-
-	if ((void *)(meta + 1) > data)
-		return XDP_PASS;
-	meta->magic = 0;
-
-	switch (flow_process(ctx, &sc->pkt, &sc->res)) {
-	case XVS_ACT_NAT:
-		if (xdp_too_big(ctx, &sc->pkt, &sc->res.rw))
-			return XDP_PASS;
-		if (!xdp_rewrite(ctx, &sc->pkt, &sc->res.rw)) {
-			stats_verdict(XVS_V_DROP_REWRITE, len);
-			return XDP_DROP;
-		}
-		meta = (void *)(long)ctx->data_meta;
-		if ((void *)(meta + 1) > (void *)(long)ctx->data)
-			return XDP_DROP;
-		meta->magic = XVS_XDP_MAGIC;
-		meta->nf_flags = sc->res.nf_flags;
-		stats_verdict(sc->res.verdict, len);
-		return XDP_PASS;
-	case XVS_ACT_DROP:
-		stats_verdict(sc->res.verdict, len);
-		return XDP_DROP;
-	}
-	/* PASS and REJECT: tc decides again (and counts). */
-	return XDP_PASS;
-}
-
-/* The floor for benchmarks: the cheapest possible XDP program. */
-SEC("xdp")
-int xvs_xdp_empty(struct xdp_md *ctx)
-{
-	return XDP_PASS;
 }
 
 /* In tc: did the XDP program translate this packet? The mark is consumed,
