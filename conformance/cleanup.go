@@ -8,8 +8,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/xvs-lb/xvs/lab"
 	"golang.org/x/sys/unix"
+
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/version"
 )
 
 // stalePrefixTag makes every runner namespace, pin directory and temporary
@@ -74,8 +76,16 @@ func stale(name string) bool {
 	return unix.Kill(pid, 0) == unix.ESRCH
 }
 
-// buildRevision is the VCS revision the binary was built from.
+// buildRevision is the commit the binary was built from: the one `make
+// build` stamps, else the Go toolchain's VCS stamp (absent from builds
+// outside a git work tree, such as the VM rig's).
 func buildRevision() string {
+	if c := version.GitCommit(); c != "unknown" {
+		if len(c) > 12 {
+			c = c[:12]
+		}
+		return c
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"

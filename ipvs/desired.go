@@ -106,10 +106,7 @@ func buildDesired(st *model.State, defScheduler string, localAddrs map[netip.Add
 	for n := range st.Services {
 		names = append(names, n)
 	}
-	slices.SortFunc(names, func(a, b model.ServicePortName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
-	})
+	slices.SortFunc(names, model.ServicePortName.Compare)
 	for _, name := range names {
 		sp := st.Services[name]
 		sched := schedulerFor(sp, defScheduler)
@@ -133,17 +130,13 @@ func buildDesired(st *model.State, defScheduler string, localAddrs map[netip.Add
 			vs := &virtualServer{
 				Key: k, Kind: f.Kind, Owner: name, Scheduler: sched, Flags: flags, Timeout: timeout,
 				Reals:      map[rsKey]int{},
-				Masquerade: f.Kind.External() && !sp.ExternalLocal,
+				Masquerade: f.Kind.External() && !sp.LocalPolicy(f.Kind),
 			}
 			if f.Kind == model.LoadBalancer {
 				vs.SourceRanges = sp.SourceRangesFor(k.Addr)
 			}
 			for _, e := range realsFor(sp, f) {
-				w := int(e.Weight)
-				if w == 0 {
-					w = 1
-				}
-				vs.Reals[rsKey{Addr: e.Addr.Unmap(), Port: e.Port}] = w
+				vs.Reals[rsKey{Addr: e.Addr.Unmap(), Port: e.Port}] = int(e.SchedWeight())
 			}
 			d.Servers[k] = vs
 			if f.Kind != model.NodePort && !localAddrs[k.Addr] {
@@ -176,7 +169,7 @@ func buildDesired(st *model.State, defScheduler string, localAddrs map[netip.Add
 // kernel answers with ICMP port-unreachable (SEMANTICS 3.9, 3.12).
 func realsFor(sp *model.ServicePort, f model.Frontend) []model.Endpoint {
 	eps := sp.EndpointsForFrontend(f)
-	local := (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal)
+	local := sp.LocalPolicy(f.Kind)
 	if len(eps) > 0 || !local {
 		return eps
 	}

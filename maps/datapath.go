@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -337,7 +336,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	}
 	d.retry = map[model.ServicePortName]bool{}
 	// Name order makes frontend conflicts resolve the same way every time.
-	slices.SortFunc(changed, cmpName)
+	slices.SortFunc(changed, model.ServicePortName.Compare)
 
 	ws := &writeSet{}
 	for _, name := range changed {
@@ -481,8 +480,4 @@ func kindFromMap(k uint8) model.FrontendKind {
 		}
 	}
 	return model.ClusterIP
-}
-
-func cmpName(a, b model.ServicePortName) int {
-	return strings.Compare(a.String(), b.String())
 }

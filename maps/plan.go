@@ -18,7 +18,7 @@ import (
 // eTP=Local), and how many scopes it has.
 func frontendSets(sp *model.ServicePort, f model.Frontend) (sets [2][]model.Endpoint, scopes int) {
 	sets[0] = sp.EndpointsFor(f.Kind)
-	if f.Kind.External() && sp.ExternalLocal {
+	if sp.ShortCircuits(f.Kind) {
 		sets[1] = sp.ClusterEndpoints
 		return sets, 2
 	}
@@ -117,7 +117,7 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 			ranges = sourceRangeKeys(svcID, sp, f, d.nodeAddrs)
 		}
 		d.planRanges(svcID, ranges, ws)
-		if (f.Kind == model.ClusterIP && sp.InternalLocal) || (f.Kind.External() && sp.ExternalLocal) {
+		if sp.LocalPolicy(f.Kind) {
 			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
 		}
 		if scopes == 2 {
@@ -184,7 +184,7 @@ func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, 
 		n := uint16(len(set) + 1)
 		ws.slotKeys = append(ws.slotKeys, fk.svcKey(scope, n))
 		ws.slotVals = append(ws.slotVals, xbpf.SvcValue{BackendId: id, SvcId: svcID})
-		set = append(set, tableBackend{id: id, weight: max(ep.Weight, 1), key: bk})
+		set = append(set, tableBackend{id: id, weight: ep.SchedWeight(), key: bk})
 	}
 	return set
 }
@@ -354,7 +354,7 @@ func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint
 		flags |= uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_HOST)
 		d.node.hostBackends[bk] = struct{}{}
 	}
-	weight := max(ep.Weight, 1)
+	weight := ep.SchedWeight()
 	if !ok || e.weight != weight || e.flags != flags {
 		ws.undo = append(ws.undo, backendUndo{key: bk, entry: d.backends[bk], existed: ok})
 		e.weight, e.flags = weight, flags

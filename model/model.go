@@ -11,6 +11,7 @@
 package model
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -90,6 +91,14 @@ type ServicePortName struct {
 	Protocol  Protocol
 }
 
+// Compare orders names by namespace, name, port name and protocol. Both
+// datapaths resolve a frontend claimed by two ServicePorts in this order
+// (the first keeps it), so that the winner does not depend on the mode.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	return cmp.Or(cmp.Compare(n.Namespace, o.Namespace), cmp.Compare(n.Name, o.Name),
+		cmp.Compare(n.Port, o.Port), cmp.Compare(n.Protocol, o.Protocol))
+}
+
 func (n ServicePortName) String() string {
 	s := n.Namespace + "/" + n.Name
 	if n.Port != "" {
@@ -124,9 +133,15 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	// Weight is the scheduler weight (1 unless annotated).
+	// Weight is the scheduler weight (1 unless annotated); see
+	// SchedWeight.
 	Weight uint16
 }
+
+// SchedWeight is the weight a scheduler gives e: its Weight, and 1 for an
+// endpoint without one (a zero weight would take it out of every weighted
+// scheduler, which kube-proxy never does).
+func (e Endpoint) SchedWeight() uint16 { return max(e.Weight, 1) }
 
 func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
 
@@ -183,11 +198,29 @@ type ServicePort struct {
 	LocalReady int
 }
 
+// LocalPolicy reports whether frontends of kind k obey a Local traffic
+// policy: internalTrafficPolicy for the ClusterIP, externalTrafficPolicy
+// for every other kind.
+func (sp *ServicePort) LocalPolicy(k FrontendKind) bool {
+	if k == ClusterIP {
+		return sp.InternalLocal
+	}
+	return k.External() && sp.ExternalLocal
+}
+
+// ShortCircuits reports whether in-cluster clients (pods, and the node
+// itself) of a frontend of kind k bypass its Local policy and use the
+// cluster-wide endpoints, as kube-proxy short-circuits them: the external
+// frontends of an externalTrafficPolicy: Local Service.
+func (sp *ServicePort) ShortCircuits(k FrontendKind) bool {
+	return k.External() && sp.ExternalLocal
+}
+
 // EndpointsFor returns the endpoint set a frontend of the given kind uses
 // for traffic that is subject to the traffic policy. For a dual-stack port
 // the set holds both families; EndpointsForFrontend narrows it.
 func (sp *ServicePort) EndpointsFor(k FrontendKind) []Endpoint {
-	if (k == ClusterIP && sp.InternalLocal) || (k.External() && sp.ExternalLocal) {
+	if sp.LocalPolicy(k) {
 		return sp.LocalEndpoints
 	}
 	return sp.ClusterEndpoints

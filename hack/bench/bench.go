@@ -44,7 +44,7 @@ const (
 	hitFlows = 4096
 	// portsPerClient spreads new flows over client addresses and ports.
 	portsPerClient = 60000
-	// goalRatio is the goal: 100k Services cost at most 1.2x what
+	// goalRatio is the scale goal: 100k Services cost at most 1.2x what
 	// one Service costs per packet.
 	goalRatio  = 1.2
 	maxSamples = 1_000_000
@@ -737,7 +737,7 @@ func ratio(a, b float64) float64 {
 
 func capitalise(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
 
-// writeGoal judges the goal on the extremes of this run: the
+// writeGoal judges the scale goal on the extremes of this run: the
 // largest size's median against the smallest's, both from the same run.
 func writeGoal(b *bytes.Buffer, rs []sizeResult) {
 	lo, hi := rs[0], rs[len(rs)-1]

@@ -121,8 +121,8 @@ type PeersOptions struct {
 	Sizes   []int
 	Rounds  int
 	Workers int
-	// Window is the measured time of a masqueraded case (the issue's
-	// case, and the one asked to be sustained); WindowUnmasq of the
+	// Window is the measured time of a masqueraded case (the case the
+	// masquerade goal is about, sustained); WindowUnmasq of the
 	// others and the floor. Each after Warmup.
 	Window, WindowUnmasq, Warmup time.Duration
 	// ReadyTimeout bounds a proxy's wait for its first full sync (the
@@ -135,7 +135,8 @@ type PeersOptions struct {
 	SlowSync time.Duration
 	Proxies  []peerProxy
 	// OneService sends every connection to Service 0 instead of sweeping
-	// all N (the shape: one client, one ClusterIP).
+	// all N (the shape of the masquerade goal: one client, one
+	// ClusterIP).
 	OneService bool
 	// Masq lists the masquerade settings to run each proxy with (default
 	// both: not masqueraded, then masqueraded).

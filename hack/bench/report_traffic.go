@@ -16,7 +16,7 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// The real-traffic goals of the issue.
+// The real-traffic goals.
 const (
 	goalFloorRatio = 0.9 // cps through a VIP at least 0.9x the no-proxy floor
 	// Latency counts as flat when the median connect() time at every N is
@@ -146,7 +146,7 @@ func trafficReport(opts Options, rs []trafficResult, plots map[string]string) []
 		dpFloor, dpXvs, dpNftables, toolVersion("nft", "--version"), dpIptables, toolVersion("iptables", "--version"),
 		to.Workers, reqSize, respSize)
 
-	fmt.Fprintf(&b, `**Two views of the same runs.** The rate (connections or requests per second) is what the issue asks for, but on this machine it moves by tens of percent from one run to the next, because other sessions share the two cores (load average %s when the report was written). The benchmark process's own CPU time per connection or request (client, servers, and the kernel's forwarding and datapath work, which runs mostly in their context as softirqs) does not depend on what others run; with the cores saturated, it is what sets the rate. CPU-based ratios are the floor's cost over the datapath's cost, so that every ratio below reads as relative throughput (higher is better). Goals are judged on both.
+	fmt.Fprintf(&b, `**Two views of the same runs.** The rate (connections or requests per second) is what the goals are stated in, but on this machine it moves by tens of percent from one run to the next, because other sessions share the two cores (load average %s when the report was written). The benchmark process's own CPU time per connection or request (client, servers, and the kernel's forwarding and datapath work, which runs mostly in their context as softirqs) does not depend on what others run; with the cores saturated, it is what sets the rate. CPU-based ratios are the floor's cost over the datapath's cost, so that every ratio below reads as relative throughput (higher is better). Goals are judged on both.
 
 `, loadAvg())
 	if p := plots["cps"]; p != "" {

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// writeSummary puts every goal of the issue in one table, each with the
+// writeSummary puts every benchmark goal (the constants goal* of this
+// package) in one table, each with the
 // measured figure of this run and whether it is met; the sections below
 // have the details and what limits the missed ones.
 func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, control []controlResult, agent []agentResult, vm *vmResult, took time.Duration) {

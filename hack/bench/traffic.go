@@ -100,8 +100,8 @@ type TrafficOptions struct {
 	// Sizes are the numbers of Services to measure at; 0 sizes skip the
 	// real-traffic benchmark.
 	Sizes []int
-	// RulesMax is the largest size iptables and nftables run at (the
-	// issue asks for 100k only for xvs and the floor).
+	// RulesMax is the largest size iptables and nftables run at (100k is
+	// a goal only for xvs and the floor).
 	RulesMax int
 	// Rounds: every round measures every datapath once per size, in turn,
 	// so all of them see the same noise; figures are medians over rounds.
