@@ -476,8 +476,8 @@ static __always_inline int flow_admit(const struct xvs_pkt *p, struct xvs_svc_ke
  * flushed when it is. */
 static __always_inline bool flow_retire_reply(const struct xvs_pkt *p, struct xvs_ct_entry *rev)
 {
-	if (!rev || !ct_is_reply(rev) || !addr_eq(rev->snat_addr, p->saddr) ||
-	    rev->snat_port != p->sport || !addr_eq(rev->nat_addr, p->daddr) || rev->nat_port != p->dport)
+	if (!rev || !ct_is_reply(rev) || !addr_eq(rev->snat_addr, p->saddr) || rev->snat_port != p->sport ||
+	    !addr_eq(rev->nat_addr, p->daddr) || rev->nat_port != p->dport)
 		return false;
 	stats_flush(rev);
 	return true;
@@ -536,7 +536,8 @@ static __noinline bool flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
  * to an address of this node is local delivery, as above); otherwise xvs
  * masquerades by the egress interface's address, as MASQUERADE does. */
 static __always_inline bool flow_nat_path(void *ctx, const struct xvs_pkt *p, const struct xvs_config *cfg,
-					  const struct xvs_backend *be, bool snat, __u16 *flags, const __u8 **node)
+					  const struct xvs_backend *be, bool snat, __u16 *flags,
+					  const __u8 **node)
 {
 	__u32 ifindex = 0;
 	struct xvs_if_addrs *ifa;
@@ -548,8 +549,9 @@ static __always_inline bool flow_nat_path(void *ctx, const struct xvs_pkt *p, co
 	if (cfg_netfilter(cfg)) {
 		*flags |= XVS_CT_F_NETFILTER;
 		if (snat)
-			*flags |= flow_route(ctx, p, be->addr, be->port, &ifindex) == FLOW_ROUTE_LOCAL ? XVS_CT_F_HOST
-												: XVS_CT_F_NF_MASQ;
+			*flags |= flow_route(ctx, p, be->addr, be->port, &ifindex) == FLOW_ROUTE_LOCAL
+					  ? XVS_CT_F_HOST
+					  : XVS_CT_F_NF_MASQ;
 		return false;
 	}
 	if (!snat)
@@ -609,7 +611,8 @@ static __always_inline int flow_opens(void *ctx, const struct xvs_pkt *p, const 
 {
 	__u32 ifindex = 0;
 
-	if (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) == TCP_FLAG_SYN)
+	if (p->proto != IPPROTO_TCP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) == TCP_FLAG_SYN)
 		return XVS_ACT_NEW;
 	/* In netfilter mode, a segment to a port of this node's own address
 	 * may be a reply netfilter masqueraded (it chose the port): its
@@ -647,8 +650,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 	if (!cfg)
 		cfg = &no_config;
-	pod = cfg_detects_local(cfg) &&
-	      lpm_match(&xvs_pod_cidrs, p->family, p->saddr, p->family);
+	pod = cfg_detects_local(cfg) && lpm_match(&xvs_pod_cidrs, p->family, p->saddr, p->family);
 
 	int act = flow_admit(p, key, &svc, pod, verdict);
 

@@ -293,8 +293,8 @@ static __always_inline int parse_ipv6(void *data, void *data_end, __u32 l3_off, 
 	for (int i = 0; i < IPV6_EXT_MAX; i++) {
 		if (l4_balanced(nexthdr))
 			break;
-		if (nexthdr != IPV6_EXT_HOPOPTS && nexthdr != IPV6_EXT_ROUTING && nexthdr != IPV6_EXT_DSTOPTS &&
-		    nexthdr != IPV6_EXT_FRAGMENT)
+		if (nexthdr != IPV6_EXT_HOPOPTS && nexthdr != IPV6_EXT_ROUTING &&
+		    nexthdr != IPV6_EXT_DSTOPTS && nexthdr != IPV6_EXT_FRAGMENT)
 			return XVS_PARSE_IGNORE;
 		if (off > PARSE_MAX_L4_OFF)
 			return XVS_PARSE_MALFORMED;
