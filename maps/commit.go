@@ -1,11 +1,7 @@
 package maps
 
 import (
-	"fmt"
 	"slices"
-
-	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 )
@@ -58,35 +54,35 @@ func (d *Datapath) commit(ws *writeSet) error {
 // commitWrites writes the entries planned so far in commit order and
 // forgets them; the deletes wait for commitDeletes, after every write.
 func (d *Datapath) commitWrites(ws *writeSet) error {
-	if err := d.resetStats(d.m.SvcStats, ws.freshSvcs); err != nil {
+	if err := d.w.svcStats.zero(ws.freshSvcs); err != nil {
 		return err
 	}
-	if err := d.resetStats(d.m.BackendStats, ws.freshBEs); err != nil {
+	if err := d.w.backendStats.zero(ws.freshBEs); err != nil {
 		return err
 	}
 	if err := d.resetHeld(ws.freshBEs); err != nil {
 		return err
 	}
-	if err := updateMany(d.m.Backends, ws.backendKeys, ws.backendVals); err != nil {
+	if err := d.w.backends.put(ws.backendKeys, ws.backendVals); err != nil {
 		return err
 	}
-	if err := updateMany(d.m.Services, ws.slotKeys, ws.slotVals); err != nil {
+	if err := d.w.services.put(ws.slotKeys, ws.slotVals); err != nil {
 		return err
 	}
 	present := make([]uint32, len(ws.addMembers))
-	if err := updateMany(d.m.Members, ws.addMembers, present); err != nil {
+	if err := d.w.members.put(ws.addMembers, present); err != nil {
 		return err
 	}
 	for _, t := range ws.tables {
-		if err := d.swapTable(t); err != nil {
+		if err := d.w.schedTables.swap(t.key, t.entries); err != nil {
 			return err
 		}
 	}
-	one := make([]uint32, len(ws.addRanges))
-	if err := updateMany(d.m.SourceRanges, ws.addRanges, one); err != nil {
+	// Members and ranges count by presence: their values are unused.
+	if err := d.w.sourceRanges.put(ws.addRanges, make([]uint32, len(ws.addRanges))); err != nil {
 		return err
 	}
-	if err := updateMany(d.m.Services, ws.headKeys, ws.headVals); err != nil {
+	if err := d.w.services.put(ws.headKeys, ws.headVals); err != nil {
 		return err
 	}
 	ws.freshSvcs, ws.freshBEs = ws.freshSvcs[:0], ws.freshBEs[:0]
@@ -101,68 +97,37 @@ func (d *Datapath) commitWrites(ws *writeSet) error {
 // head's new count, then removed frontends (heads first), members,
 // tables, ranges and backends.
 func (d *Datapath) commitDeletes(ws *writeSet) error {
-	if err := deleteMany(d.m.Services, ws.delSlots); err != nil {
+	if err := d.w.services.del(ws.delSlots); err != nil {
 		return err
 	}
-	if err := deleteMany(d.m.Members, ws.delMembers); err != nil {
+	if err := d.w.members.del(ws.delMembers); err != nil {
 		return err
 	}
-	if err := deleteMany(d.m.SchedTables, ws.delTables); err != nil {
+	if err := d.w.schedTables.del(ws.delTables); err != nil {
 		return err
 	}
-	if err := deleteMany(d.m.SourceRanges, ws.delRanges); err != nil {
+	if err := d.w.sourceRanges.del(ws.delRanges); err != nil {
 		return err
 	}
-	if err := deleteMany(d.m.Backends, ws.delBackends); err != nil {
+	if err := d.w.backends.del(ws.delBackends); err != nil {
 		return err
 	}
 	// Counters last, of IDs still free: a flow to a removed backend may
 	// flush into them until here, and finds none after.
 	gone := slices.DeleteFunc(ws.delSvcIDs, d.svcIDs.isTaken)
-	if err := deleteMany(d.m.SvcStats, gone); err != nil {
+	if err := d.w.svcStats.del(gone); err != nil {
 		return err
 	}
-	return deleteMany(d.m.BackendStats, slices.DeleteFunc(ws.delBackends, d.backendIDs.isTaken))
-}
-
-// swapTable builds a complete inner map and then replaces the outer entry
-// with it in one update: a packet sees the old table or the new one,
-// never a partial one.
-func (d *Datapath) swapTable(t tableWrite) error {
-	inner, err := ebpf.NewMap(&ebpf.MapSpec{
-		Name: "xvs_sched_tbl", Type: ebpf.Array, KeySize: 4, ValueSize: 4,
-		MaxEntries: uint32(len(t.entries)), Flags: unix.BPF_F_INNER_MAP,
-	})
-	if err != nil {
-		return fmt.Errorf("create scheduler table: %w", err)
-	}
-	defer inner.Close() // the outer map holds its own reference
-	keys := make([]uint32, len(t.entries))
-	for i := range keys {
-		keys[i] = uint32(i)
-	}
-	if err := updateMany(inner, keys, t.entries); err != nil {
-		return err
-	}
-	if err := d.m.SchedTables.Update(&t.key, uint32(inner.FD()), ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("swap scheduler table of service %d: %w", t.key.SvcId, err)
-	}
-	return nil
+	return d.w.backendStats.del(slices.DeleteFunc(ws.delBackends, d.backendIDs.isTaken))
 }
 
 // resetHeld zeroes the least-connection counts of fresh backend IDs.
 func (d *Datapath) resetHeld(ids []uint32) error {
 	zero := make([]xbpf.Conns, len(ids))
-	if err := updateMany(d.m.BackendHeld, ids, zero); err != nil {
+	if err := d.w.held.put(ids, zero); err != nil {
 		return err
 	}
-	return updateMany(d.m.BackendReaped, ids, zero)
-}
-
-// resetStats zeroes the counters of freshly allocated IDs, which may hold
-// the figures of a previous owner.
-func (d *Datapath) resetStats(m *ebpf.Map, ids []uint32) error {
-	return zeroPerCPU[xbpf.Stats](m, ids)
+	return d.w.reaped.put(ids, zero)
 }
 
 // reconcileStats makes the counter maps hold an entry for exactly the IDs
@@ -179,11 +144,11 @@ func (d *Datapath) reconcileStats() error {
 		bes = append(bes, e.id)
 	}
 	for _, t := range []struct {
-		m     *ebpf.Map
+		m     counterMap
 		ids   []uint32
 		taken func(uint32) bool
-	}{{d.m.SvcStats, svcs, d.svcIDs.isTaken}, {d.m.BackendStats, bes, d.backendIDs.isTaken}} {
-		have, err := perCPUKeys[xbpf.Stats](t.m)
+	}{{d.w.svcStats, svcs, d.svcIDs.isTaken}, {d.w.backendStats, bes, d.backendIDs.isTaken}} {
+		have, err := t.m.ids()
 		if err != nil {
 			return err
 		}
@@ -193,11 +158,11 @@ func (d *Datapath) reconcileStats() error {
 				stale = append(stale, id)
 			}
 		}
-		if err := deleteMany(t.m, stale); err != nil {
+		if err := t.m.del(stale); err != nil {
 			return err
 		}
 		missing := slices.DeleteFunc(t.ids, func(id uint32) bool { return have[id] })
-		if err := zeroPerCPU[xbpf.Stats](t.m, missing); err != nil {
+		if err := t.m.zero(missing); err != nil {
 			return err
 		}
 	}

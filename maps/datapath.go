@@ -49,7 +49,10 @@ type Config struct {
 // bitmaps, and what a ServicePort references derived from its immutable
 // *ServicePort instead of copied.
 type Datapath struct {
+	// m are the loaded maps (for the reaper and the conntrack sizes);
+	// every read and write of a sync goes through w (store.go).
 	m          *Maps
+	w          *mapSet
 	svcIDs     *idAlloc[frontendKey]
 	groupIDs   *idAlloc[model.ServicePortName]
 	backendIDs idSpace
@@ -140,8 +143,18 @@ type appliedService struct {
 // stable across agent restarts. The first Sync is a full reconcile that
 // removes whatever the maps hold beyond the desired state.
 func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
+	d, err := newDatapath(bpfMaps(m), cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.m = m
+	return d, nil
+}
+
+// newDatapath is NewDatapath over any mapSet.
+func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 	d := &Datapath{
-		m:            m,
+		w:            w,
 		svcIDs:       newIDAlloc[frontendKey](cfg.MaxServices),
 		groupIDs:     newIDAlloc[model.ServicePortName](cfg.MaxServices),
 		backendIDs:   newIDSpace(cfg.MaxBackends),
@@ -187,11 +200,8 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 }
 
 func (d *Datapath) recover() error {
-	var k xbpf.SvcKey
-	var v xbpf.SvcValue
-	it := d.m.Services.Iterate()
-	for it.Next(&k, &v) {
-		fk := frontendOf(k)
+	err := d.w.services.each(func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
+		fk := frontendOf(*k)
 		if k.Slot == 0 {
 			d.svcIDs.restore(fk, v.SvcId)
 			d.recovered[fk] = v.GroupId
@@ -202,22 +212,19 @@ func (d *Datapath) recover() error {
 				d.counts[fk] = c
 			}
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read services map: %w", err)
 	}
 	d.recoveredFrontends = len(d.recovered)
-	var id uint32
-	var b xbpf.Backend
-	bit := d.m.Backends.Iterate()
-	for bit.Next(&id, &b) {
+	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
 		bk := newBackendKey(decodeAddr(b.Addr, b.Family), ntohs(b.Port), model.Protocol(b.Proto))
-		if d.backendIDs.claim(id) {
-			d.backends[bk] = backendEntry{id: id, weight: b.Weight, flags: b.Flags}
+		if d.backendIDs.claim(*id) {
+			d.backends[bk] = backendEntry{id: *id, weight: b.Weight, flags: b.Flags}
 			d.unreferenced[bk] = struct{}{}
 		}
-	}
-	if err := bit.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read backends map: %w", err)
 	}
 	return d.reconcileStats()
@@ -305,10 +312,11 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 		for name, a := range d.applied {
-			if sp, ok := st.Services[name]; ok && sp == a.sp && !d.fullSync && !d.retry[name] {
+			sp, ok := st.Services[name]
+			if ok && sp == a.sp && !d.fullSync && !d.retry[name] {
 				continue
 			}
-			d.release(name, a, released)
+			d.release(name, a, released, !ok)
 		}
 	} else {
 		names = slices.Clone(names)
@@ -327,7 +335,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 				continue
 			}
 			if have {
-				d.release(name, a, released)
+				d.release(name, a, released, !want)
 			}
 			if want {
 				changed = append(changed, name)
@@ -430,8 +438,12 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 }
 
 // release forgets what a ServicePort applied: its frontends become
-// candidates for deletion, its backend references drop.
-func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[frontendKey]bool) {
+// candidates for deletion, its backend references drop. A ServicePort
+// that is gone (not replanned) gives its group ID back too.
+func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[frontendKey]bool, gone bool) {
+	if gone {
+		d.groupIDs.release(name)
+	}
 	for _, f := range a.frontends {
 		fk := keyOf(f)
 		if d.owners[fk] == name {

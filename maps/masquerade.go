@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -92,37 +91,17 @@ func (d *Datapath) syncIfSNAT() error {
 		if have, ok := d.node.ifSNAT[idx]; ok && have == v {
 			continue
 		}
-		if err := d.m.IfSNAT.Update(&idx, &v, ebpf.UpdateAny); err != nil {
+		if err := d.w.ifSNAT.put([]uint32{idx}, []xbpf.IfAddrs{v}); err != nil {
 			return fmt.Errorf("write masquerade address of interface %d: %w", idx, err)
 		}
 	}
 	for idx := range d.node.ifSNAT {
 		if _, ok := want[idx]; !ok {
-			if err := d.m.IfSNAT.Delete(&idx); err != nil && !isNotExist(err) {
+			if err := d.w.ifSNAT.del([]uint32{idx}); err != nil {
 				return fmt.Errorf("delete masquerade address of interface %d: %w", idx, err)
 			}
 		}
 	}
 	d.node.ifSNAT = want
-	return nil
-}
-
-// clearMap deletes every entry of a map keyed by interface index.
-func clearMap(m *ebpf.Map) error {
-	var keys []uint32
-	var k uint32
-	var v xbpf.IfAddrs
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", m, err)
-	}
-	for _, k := range keys {
-		if err := m.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete from %s: %w", m, err)
-		}
-	}
 	return nil
 }

@@ -91,7 +91,7 @@ func (d *Datapath) syncNode(st *model.State) error {
 	}
 	if d.fullSync {
 		d.node.ifSNAT = map[uint32]xbpf.IfAddrs{}
-		if err := clearMap(d.m.IfSNAT); err != nil {
+		if err := clearAll(d.w.ifSNAT); err != nil {
 			return err
 		}
 	}
@@ -101,20 +101,20 @@ func (d *Datapath) syncNode(st *model.State) error {
 	if d.fullSync {
 		// After a restart, what the tries hold is what counts.
 		var err error
-		if d.node.podCIDRs, err = readKeys(d.m.PodCIDRs); err != nil {
+		if d.node.podCIDRs, err = readKeys(d.w.podCIDRs); err != nil {
 			return err
 		}
-		if d.node.serviceCIDRs, err = readKeys(d.m.ServiceCIDRs); err != nil {
+		if d.node.serviceCIDRs, err = readKeys(d.w.serviceCIDRs); err != nil {
 			return err
 		}
 	}
 	// The CIDR sets first: the detector flag must not point at an
 	// empty trie.
-	if err := syncKeySet(d.m.PodCIDRs, d.node.podCIDRs, cidrKeys(st.PodCIDRs)); err != nil {
+	if err := syncKeySet(d.w.podCIDRs, d.node.podCIDRs, cidrKeys(st.PodCIDRs)); err != nil {
 		return err
 	}
 	d.node.podCIDRs = cidrKeys(st.PodCIDRs)
-	if err := syncKeySet(d.m.ServiceCIDRs, d.node.serviceCIDRs, cidrKeys(st.ServiceCIDRs)); err != nil {
+	if err := syncKeySet(d.w.serviceCIDRs, d.node.serviceCIDRs, cidrKeys(st.ServiceCIDRs)); err != nil {
 		return err
 	}
 	d.node.serviceCIDRs = cidrKeys(st.ServiceCIDRs)
@@ -132,8 +132,7 @@ func (d *Datapath) writeNodeConfig(want xbpf.NodeConf) error {
 	if d.node.written && d.node.config == want && !d.fullSync {
 		return nil
 	}
-	zero := uint32(0)
-	if err := d.m.NodeConfig.Update(&zero, &want, ebpf.UpdateAny); err != nil {
+	if err := d.w.nodeConfig.put([]uint32{0}, []xbpf.NodeConf{want}); err != nil {
 		return fmt.Errorf("write node config: %w", err)
 	}
 	d.node.config, d.node.written = want, true
@@ -141,35 +140,32 @@ func (d *Datapath) writeNodeConfig(want xbpf.NodeConf) error {
 }
 
 // syncKeySet makes an LPM map hold exactly want, given what it held.
-func syncKeySet(m *ebpf.Map, have, want map[xbpf.LPMKey]bool) error {
-	one := uint32(1)
+func syncKeySet(m kvMap[xbpf.LPMKey, uint32], have, want map[xbpf.LPMKey]bool) error {
+	var add, del []xbpf.LPMKey
 	for k := range want {
 		if !have[k] {
-			if err := m.Update(&k, &one, ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("write %s: %w", m, err)
-			}
+			add = append(add, k)
 		}
 	}
 	for k := range have {
 		if !want[k] {
-			if err := m.Delete(&k); err != nil && !isNotExist(err) {
-				return fmt.Errorf("delete from %s: %w", m, err)
-			}
+			del = append(del, k)
 		}
 	}
-	return nil
+	ones := make([]uint32, len(add))
+	for i := range ones {
+		ones[i] = 1
+	}
+	if err := m.put(add, ones); err != nil {
+		return err
+	}
+	return m.del(del)
 }
 
-func readKeys(m *ebpf.Map) (map[xbpf.LPMKey]bool, error) {
+func readKeys(m kvMap[xbpf.LPMKey, uint32]) (map[xbpf.LPMKey]bool, error) {
 	out := map[xbpf.LPMKey]bool{}
-	var k xbpf.LPMKey
-	var v uint32
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = true
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", m, err)
+	if err := m.each(func(k *xbpf.LPMKey, _ *uint32) { out[*k] = true }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -240,10 +236,10 @@ func (d *Datapath) syncClusterIPs() error {
 		}
 	}
 	d.node.dirtyIPs = map[netip.Addr]bool{} // not clear: see d.unreferenced
-	if err := updateMany(d.m.ClusterIPs, add, addVals); err != nil {
+	if err := d.w.clusterIPs.put(add, addVals); err != nil {
 		return err
 	}
-	return deleteMany(d.m.ClusterIPs, del)
+	return d.w.clusterIPs.del(del)
 }
 
 func vipKey(a netip.Addr) xbpf.VIPKey {
@@ -254,9 +250,6 @@ func vipKey(a netip.Addr) xbpf.VIPKey {
 // sweepNodeState removes ClusterIPs and source ranges no frontend wants
 // (left by a previous agent).
 func (d *Datapath) sweepNodeState(ws *writeSet) error {
-	var vk xbpf.VIPKey
-	var v uint32
-	it := d.m.ClusterIPs.Iterate()
 	var stale []xbpf.VIPKey
 	// What the map holds is what counts: rewrite every ClusterIP that is
 	// wanted and missing.
@@ -264,28 +257,25 @@ func (d *Datapath) sweepNodeState(ws *writeSet) error {
 	for a := range d.node.clusterIPs {
 		d.node.dirtyIPs[a] = true
 	}
-	for it.Next(&vk, &v) {
+	err := d.w.clusterIPs.each(func(vk *xbpf.VIPKey, _ *uint32) {
 		a := decodeAddr(vk.Addr, vk.Family)
 		if d.node.clusterIPs[a] <= 0 {
-			stale = append(stale, vk)
+			stale = append(stale, *vk)
 		} else {
 			d.node.writtenIPs[a] = true
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read cluster IPs: %w", err)
 	}
-	if err := deleteMany(d.m.ClusterIPs, stale); err != nil {
+	if err := d.w.clusterIPs.del(stale); err != nil {
 		return err
 	}
-	var lk xbpf.LPMKey
-	rit := d.m.SourceRanges.Iterate()
-	for rit.Next(&lk, &v) {
-		if !d.node.ranges[lk.Id][lk] && !slices.Contains(ws.delRanges, lk) {
-			ws.delRanges = append(ws.delRanges, lk)
+	return d.w.sourceRanges.each(func(lk *xbpf.LPMKey, _ *uint32) {
+		if !d.node.ranges[lk.Id][*lk] && !slices.Contains(ws.delRanges, *lk) {
+			ws.delRanges = append(ws.delRanges, *lk)
 		}
-	}
-	return rit.Err()
+	})
 }
 
 // netnsCookie is the cookie of the calling thread's network namespace

@@ -265,26 +265,20 @@ func (d *Datapath) planMembers(sk xbpf.SchedKey, affinity bool, set []tableBacke
 // sweepSchedState queues the removal of scheduler tables and membership
 // entries that no frontend wants (left by a previous agent).
 func (d *Datapath) sweepSchedState(ws *writeSet) error {
-	var sk xbpf.SchedKey
-	var fd uint32
-	it := d.m.SchedTables.Iterate()
-	for it.Next(&sk, &fd) {
+	err := d.w.schedTables.each(func(sk xbpf.SchedKey) {
 		if _, ok := d.tables[sk]; !ok && !slices.Contains(ws.delTables, sk) {
 			ws.delTables = append(ws.delTables, sk)
 		}
+	})
+	if err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read scheduler tables: %w", err)
-	}
-	var mk xbpf.MemberKey
-	var v uint32
-	mit := d.m.Members.Iterate()
-	for mit.Next(&mk, &v) {
+	err = d.w.members.each(func(mk *xbpf.MemberKey, _ *uint32) {
 		if !d.members[xbpf.SchedKey{SvcId: mk.SvcId, Scope: mk.Scope}][mk.BackendId] {
-			ws.delMembers = append(ws.delMembers, mk)
+			ws.delMembers = append(ws.delMembers, *mk)
 		}
-	}
-	if err := mit.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read members: %w", err)
 	}
 	return nil

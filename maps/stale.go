@@ -2,7 +2,6 @@ package maps
 
 import (
 	"fmt"
-	"github.com/cilium/ebpf"
 	"net/netip"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
@@ -74,34 +73,29 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) err
 		return nil
 	}
 	s := &staleFlows{st: st, owners: d.owners, touched: touched, sets: map[model.ServicePortName]map[netip.AddrPort]bool{}}
-	for _, ct := range d.m.ConntrackTables() {
+	for _, ct := range d.w.conntrack {
 		if err := d.flushStaleIn(ct, s); err != nil {
 			return err
 		}
 	}
 
-	var sk xbpf.XvsXvsSockKey
-	var sv xbpf.XvsXvsSockValue
 	var socks []xbpf.XvsXvsSockKey
-	sit := d.m.SockFwd.Iterate()
-	for sit.Next(&sk, &sv) {
+	err := d.w.sockFwd.each(func(sk *xbpf.XvsXvsSockKey, sv *xbpf.XvsXvsSockValue) {
 		if !datagramProto(model.Protocol(sk.Proto)) {
-			continue
+			return
 		}
 		fam := sockFamily(sk.Addr)
 		fk := frontendKey{addr: decodeAddr(sk.Addr, fam), port: ntohs(sk.Port), proto: model.Protocol(sk.Proto)}
 		if s.stale(fk, netip.AddrPortFrom(decodeAddr(sv.Addr, fam), ntohs(sv.Port))) {
 			d.staleDeleted[familyIndex(fam)]++
-			socks = append(socks, sk)
+			socks = append(socks, *sk)
 		}
-	}
-	if err := sit.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read socket choices: %w", err)
 	}
-	for _, k := range socks {
-		if err := d.m.SockFwd.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete stale socket choice: %w", err)
-		}
+	if err := d.w.sockFwd.del(socks); err != nil {
+		return fmt.Errorf("delete stale socket choice: %w", err)
 	}
 	return nil
 }
@@ -127,9 +121,9 @@ func sockFamily(a [16]byte) uint8 {
 
 // flushStaleIn deletes the stale flows of one conntrack table (a flow's
 // two entries are always in the same one).
-func (d *Datapath) flushStaleIn(ct *ebpf.Map, s *staleFlows) error {
+func (d *Datapath) flushStaleIn(ct kvMap[xbpf.CtKey, xbpf.CtEntry], s *staleFlows) error {
 	var del []xbpf.CtKey
-	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+	err := ct.each(func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
 			return
 		}
@@ -151,10 +145,8 @@ func (d *Datapath) flushStaleIn(ct *ebpf.Map, s *staleFlows) error {
 	if err != nil {
 		return err
 	}
-	for _, k := range del {
-		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete stale flow: %w", err)
-		}
+	if err := ct.del(del); err != nil {
+		return fmt.Errorf("delete stale flow: %w", err)
 	}
 	return nil
 }

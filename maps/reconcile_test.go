@@ -1,0 +1,324 @@
+package maps
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Root-free tests of the reconciler: a Datapath over the in-memory mapSet
+// (memmaps_test.go). They check what a sync leaves in the maps and the
+// order in which it wrote it, which the packet tests (bpf/, root) cannot
+// see.
+
+func memDatapath(t *testing.T, cfg Config) (*Datapath, *memSet) {
+	t.Helper()
+	s := newMemSet()
+	if cfg.MaxServices == 0 {
+		cfg.MaxServices, cfg.MaxBackends = 64, 256
+	}
+	d, err := newDatapath(s.mapSet, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, s
+}
+
+func memSync(t *testing.T, d *Datapath, sps ...*model.ServicePort) error {
+	t.Helper()
+	st := &model.State{
+		Services: map[model.ServicePortName]*model.ServicePort{},
+		Node:     model.Node{Name: "node", Addresses: []netip.Addr{netip.MustParseAddr("192.168.50.2")}},
+	}
+	for _, sp := range sps {
+		st.Services[sp.Name] = sp
+	}
+	return d.Sync(context.Background(), st)
+}
+
+func svcPort(name string, f []model.Frontend, eps ...string) *model.ServicePort {
+	sp := &model.ServicePort{
+		Name:      model.ServicePortName{Namespace: "default", Name: name, Protocol: model.TCP},
+		Frontends: f,
+	}
+	for _, e := range eps {
+		ap := netip.MustParseAddrPort(e)
+		sp.ClusterEndpoints = append(sp.ClusterEndpoints, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true})
+	}
+	sp.HasEndpoints = len(eps) > 0
+	return sp
+}
+
+func clusterIP(addr string, port uint16) model.Frontend {
+	return model.Frontend{Kind: model.ClusterIP, Addr: netip.MustParseAddr(addr), Port: port, Proto: model.TCP}
+}
+
+// heads are the slot-0 entries of the services map, by frontend and scope.
+func heads(s *memSet) map[string]xbpf.SvcValue {
+	out := map[string]xbpf.SvcValue{}
+	for k, v := range s.services.m {
+		if k.Slot == 0 {
+			out[frontendOf(k).String()+"/"+string(rune('0'+k.Scope))] = v
+		}
+	}
+	return out
+}
+
+func (k frontendKey) String() string {
+	return netip.AddrPortFrom(k.addr, k.port).String() + "/" + k.proto.String()
+}
+
+// TestReconcileCommitOrder: a new Service reaches the maps backends first,
+// then its slots, then the head that makes it visible; its removal deletes
+// the head before the slots, and the backends after both, their counters
+// last.
+func TestReconcileCommitOrder(t *testing.T) {
+	d, s := memDatapath(t, Config{})
+	web := svcPort("web", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080", "10.244.2.3:8080")
+	if err := memSync(t, d, web); err != nil {
+		t.Fatal(err)
+	}
+	be, slot, head := s.log.index("put", "backends", ""), s.log.index("put", "services", "slot"), s.log.index("put", "services", "head")
+	if be < 0 || slot < 0 || head < 0 || !(be < slot && slot < head) {
+		t.Fatalf("writes out of order (backends %d, slots %d, head %d):\n%v", be, slot, head, s.log.ops)
+	}
+	if z := s.log.index("put", "backend_stats", ""); z < 0 || z > head {
+		t.Fatalf("fresh backend counters zeroed at %d, after the head at %d", z, head)
+	}
+	if len(s.services.m) != 3 || len(s.backends.m) != 2 {
+		t.Fatalf("maps hold %d service entries and %d backends, want 3 and 2", len(s.services.m), len(s.backends.m))
+	}
+
+	s.log.ops = nil
+	if err := memSync(t, d); err != nil {
+		t.Fatal(err)
+	}
+	del := s.log.index("del", "services", "")
+	if del < 0 {
+		t.Fatalf("no delete of the Service: %v", s.log.ops)
+	}
+	classes := s.log.ops[del].classes
+	if classes[0] != "head" || strings.Count(strings.Join(classes, ","), "head") != 1 {
+		t.Fatalf("service entries deleted as %v, want the head first", classes)
+	}
+	if b := s.log.index("del", "backends", ""); b < del {
+		t.Fatalf("backends deleted at %d, before the service entries at %d: %v", b, del, s.log.ops)
+	}
+	if c := s.log.index("del", "backend_stats", ""); c < s.log.index("del", "backends", "") {
+		t.Fatalf("backend counters deleted before the backends: %v", s.log.ops)
+	}
+	if len(s.services.m)+len(s.backends.m)+len(s.svcStats.m)+len(s.beStats.m) != 0 {
+		t.Fatalf("left behind: %d service entries, %d backends, %d+%d counters",
+			len(s.services.m), len(s.backends.m), len(s.svcStats.m), len(s.beStats.m))
+	}
+}
+
+// TestReconcilePlans: what a ServicePort becomes in the maps, case by
+// case.
+func TestReconcilePlans(t *testing.T) {
+	node := netip.MustParseAddr("192.168.50.2")
+	nodePort := model.Frontend{Kind: model.NodePort, Addr: node, Port: 30080, Proto: model.TCP}
+	lb := model.Frontend{Kind: model.LoadBalancer, Addr: netip.MustParseAddr("203.0.113.10"), Port: 80, Proto: model.TCP}
+	flag := func(f xbpf.SvcFlags) uint16 { return uint16(f) }
+	for _, c := range []struct {
+		name  string
+		sp    func() *model.ServicePort
+		check func(t *testing.T, d *Datapath, s *memSet)
+	}{
+		{"ClusterIP, two endpoints", func() *model.ServicePort {
+			return svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080", "10.244.2.3:8080")
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			h := heads(s)["172.30.0.10:80/TCP/0"]
+			if h.Count != 2 || h.Flags != flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS) || h.Kind != kindOf(model.ClusterIP) {
+				t.Fatalf("head %+v", h)
+			}
+			if len(s.vips.m) != 1 {
+				t.Fatalf("cluster IPs %v, want the one ClusterIP", s.vips.m)
+			}
+		}},
+		{"no endpoints: a head with count 0 and no has-endpoints flag (REJECT)", func() *model.ServicePort {
+			return svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80)})
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			h, ok := heads(s)["172.30.0.10:80/TCP/0"]
+			if !ok || h.Count != 0 || h.Flags&flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS) != 0 {
+				t.Fatalf("head %+v (present %v)", h, ok)
+			}
+		}},
+		{"eTP=Local NodePort: Local head over the local endpoint, short-circuit head over all", func() *model.ServicePort {
+			sp := svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80), nodePort}, "10.244.0.2:8080", "10.244.2.3:8080")
+			sp.ClusterEndpoints[0].Local = true
+			sp.LocalEndpoints = sp.ClusterEndpoints[:1]
+			sp.ExternalLocal = true
+			return sp
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			hs := heads(s)
+			local, short := hs["192.168.50.2:30080/TCP/0"], hs["192.168.50.2:30080/TCP/1"]
+			want := flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL | xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT | xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
+			if local.Count != 1 || local.Flags&want != want || short.Count != 2 {
+				t.Fatalf("NodePort heads: policy %+v, short-circuit %+v", local, short)
+			}
+			if ci := hs["172.30.0.10:80/TCP/0"]; ci.Count != 2 || ci.Flags&flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL) != 0 {
+				t.Fatalf("the ClusterIP follows internalTrafficPolicy, not external: %+v", ci)
+			}
+		}},
+		{"source ranges on the LB IP only", func() *model.ServicePort {
+			sp := svcPort("a", []model.Frontend{nodePort, lb}, "10.244.1.2:8080")
+			sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28")}
+			return sp
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			hs := heads(s)
+			sr := flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES)
+			if hs["203.0.113.10:80/TCP/0"].Flags&sr == 0 || hs["192.168.50.2:30080/TCP/0"].Flags&sr != 0 {
+				t.Fatalf("source-range flags: LB %+v, NodePort %+v", hs["203.0.113.10:80/TCP/0"], hs["192.168.50.2:30080/TCP/0"])
+			}
+			if len(s.ranges.m) != 1 {
+				t.Fatalf("source range keys %v, want the one range", s.ranges.m)
+			}
+		}},
+		{"a source range holding the node's address also admits the LB IP (hairpin)", func() *model.ServicePort {
+			sp := svcPort("a", []model.Frontend{lb}, "10.244.1.2:8080")
+			sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28"), netip.MustParsePrefix("192.168.50.0/24")}
+			return sp
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			if len(s.ranges.m) != 3 {
+				t.Fatalf("source range keys %v, want both ranges and the LB IP", s.ranges.m)
+			}
+		}},
+		{"an unweighted endpoint gets weight 1", func() *model.ServicePort {
+			return svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080")
+		}, func(t *testing.T, d *Datapath, s *memSet) {
+			for _, b := range s.backends.m {
+				if b.Weight != 1 {
+					t.Fatalf("backend %+v", b)
+				}
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, s := memDatapath(t, Config{})
+			if err := memSync(t, d, c.sp()); err != nil {
+				t.Fatal(err)
+			}
+			c.check(t, d, s)
+			if ps := d.Problems(); len(ps) > 0 {
+				t.Fatalf("problems: %v", ps)
+			}
+		})
+	}
+}
+
+// TestReconcileConflictAndLimits: a frontend two ServicePorts claim goes
+// to the first in name order (model.ServicePortName.Compare, as in ipvs
+// mode) and the other is told; a ServicePort beyond the service ID space
+// is refused alone, with a problem, and the others are programmed; IDs
+// of deleted ServicePorts come back (group IDs leaked before: after
+// MaxServices ServicePorts created over an agent's life, none more could
+// be programmed).
+func TestReconcileConflictAndLimits(t *testing.T) {
+	d, s := memDatapath(t, Config{MaxServices: 3, MaxBackends: 16})
+	// "a/x" sorts before "a-b/x" by namespace (not by string).
+	first := svcPort("x", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.1:80")
+	first.Name.Namespace = "a"
+	second := svcPort("x", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:80")
+	second.Name.Namespace = "a-b"
+	if err := memSync(t, d, second, first); err != nil {
+		t.Fatal(err)
+	}
+	if owner := d.owners[keyOf(first.Frontends[0])]; owner != first.Name {
+		t.Fatalf("frontend owned by %s, want %s", owner, first.Name)
+	}
+	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "already served by a/x") {
+		t.Fatalf("problems %v", ps)
+	}
+
+	// Three service IDs (of 4: ID 0 means none): the fourth frontend does
+	// not fit.
+	d, s = memDatapath(t, Config{MaxServices: 4, MaxBackends: 16})
+	var sps []*model.ServicePort
+	for i, vip := range []string{"172.30.0.1", "172.30.0.2", "172.30.0.3", "172.30.0.4"} {
+		sps = append(sps, svcPort(string(rune('p'+i)), []model.Frontend{clusterIP(vip, 80)}, "10.244.1.1:80"))
+	}
+	if err := memSync(t, d, sps...); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(heads(s)); n != 3 {
+		t.Fatalf("%d frontends programmed, want 3 (the ID space)", n)
+	}
+	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "default/s") {
+		t.Fatalf("problems %v, want the fourth ServicePort refused", ps)
+	}
+	// Room again: the refused one is retried and programmed. The removed
+	// frontend's ID is free once its deletes are committed, so the sync
+	// after that one (at most syncPeriod later: the agent syncs that
+	// often while something is refused) takes it.
+	for range 2 {
+		if err := memSync(t, d, sps[1:]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(heads(s)); n != 3 || len(d.Problems()) != 0 {
+		t.Fatalf("after freeing an ID: %d frontends, problems %v", n, d.Problems())
+	}
+	// Churn: many more ServicePorts than IDs, created and deleted one
+	// after another, never run out.
+	for i := range 20 {
+		sp := svcPort("churn-"+string(rune('a'+i)), []model.Frontend{clusterIP("172.30.1.1", 80)}, "10.244.1.1:80")
+		for range 2 {
+			if err := memSync(t, d, sp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := len(heads(s)); n != 1 || len(d.Problems()) != 0 {
+			t.Fatalf("churn %d: %d frontends, problems %v", i, n, d.Problems())
+		}
+	}
+}
+
+// TestReconcileOnlyChanged: a sync touches only the ServicePort that
+// changed; a failed write makes the next sync a full one, which repairs
+// what the maps lost.
+func TestReconcileOnlyChanged(t *testing.T) {
+	d, s := memDatapath(t, Config{})
+	a := svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080")
+	b := svcPort("b", []model.Frontend{clusterIP("172.30.0.11", 80)}, "10.244.1.3:8080")
+	if err := memSync(t, d, a, b); err != nil {
+		t.Fatal(err)
+	}
+	s.log.ops = nil
+	b2 := svcPort("b", []model.Frontend{clusterIP("172.30.0.11", 80)}, "10.244.1.3:8080", "10.244.1.4:8080")
+	if err := memSync(t, d, a, b2); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range s.log.ops {
+		if o.name == "services" && len(o.classes) > 3 {
+			t.Fatalf("changing b rewrote %d service entries: %v", len(o.classes), s.log.ops)
+		}
+	}
+	if heads(s)["172.30.0.11:80/TCP/0"].Count != 2 {
+		t.Fatalf("b not updated: %+v", heads(s))
+	}
+
+	// The maps lose a's head behind the agent's back, and a write fails.
+	for k := range s.services.m {
+		if frontendOf(k).addr == netip.MustParseAddr("172.30.0.10") && k.Slot == 0 {
+			delete(s.services.m, k)
+		}
+	}
+	s.backends.fail = true
+	b3 := svcPort("b", []model.Frontend{clusterIP("172.30.0.11", 80)}, "10.244.1.5:8080")
+	if err := memSync(t, d, a, b3); err == nil {
+		t.Fatal("sync with a failing map succeeded")
+	}
+	s.backends.fail = false
+	if err := memSync(t, d, a, b3); err != nil {
+		t.Fatal(err)
+	}
+	hs := heads(s)
+	if hs["172.30.0.10:80/TCP/0"].Count != 1 || hs["172.30.0.11:80/TCP/0"].Count != 1 {
+		t.Fatalf("the full sync after the failure did not repair the maps: %+v", hs)
+	}
+}
