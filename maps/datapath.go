@@ -303,6 +303,55 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	}
 
 	released := map[frontendKey]bool{}
+	changed := d.changed(st, released)
+	d.retry = map[model.ServicePortName]bool{}
+	// Name order makes frontend conflicts resolve the same way every time.
+	slices.SortFunc(changed, model.ServicePortName.Compare)
+
+	ws := &writeSet{}
+	for _, name := range changed {
+		if err := d.plan(name, st.Services[name], ws, released); err != nil {
+			// A full ID space must not stop the other services: this one
+			// keeps what it could take and is tried again next sync.
+			d.problem(name, "%s: %v", name, err)
+			d.retry[name] = true
+		}
+		if len(ws.slotKeys) >= flushSlots {
+			// Write what is planned so far (whole ServicePorts, in commit
+			// order), so that a full sync never holds every entry twice.
+			if err := d.commitWrites(ws); err != nil {
+				return err
+			}
+		}
+	}
+	if err := d.planRemovals(ws, released); err != nil {
+		return err
+	}
+	if err := d.commit(ws); err != nil {
+		return err
+	}
+	// Backends on node addresses came or went: the egress program is
+	// needed, or no longer.
+	if err := d.writeNodeConfig(d.node.config); err != nil {
+		return err
+	}
+	if err := d.flushStaleOf(st, changed, released); err != nil {
+		return err
+	}
+	if err := d.syncClusterIPs(); err != nil {
+		return err
+	}
+	d.fullSync = false
+	d.appliedGen = st.Generation
+	d.recovered = map[frontendKey]uint32{}
+	return nil
+}
+
+// changed lists the ServicePorts this sync plans (those the State's
+// delta names, or whose pointer differs; everything in a full sync; and
+// those a previous sync could not program), releasing what each of them,
+// and each removed one, applied before (its frontends go into released).
+func (d *Datapath) changed(st *model.State, released map[frontendKey]bool) []model.ServicePortName {
 	var changed []model.ServicePortName
 	names, known := st.ChangedSince(d.appliedGen)
 	if d.fullSync || !known {
@@ -342,26 +391,14 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 	}
-	d.retry = map[model.ServicePortName]bool{}
-	// Name order makes frontend conflicts resolve the same way every time.
-	slices.SortFunc(changed, model.ServicePortName.Compare)
+	return changed
+}
 
-	ws := &writeSet{}
-	for _, name := range changed {
-		if err := d.plan(name, st.Services[name], ws, released); err != nil {
-			// A full ID space must not stop the other services: this one
-			// keeps what it could take and is tried again next sync.
-			d.problem(name, "%s: %v", name, err)
-			d.retry[name] = true
-		}
-		if len(ws.slotKeys) >= flushSlots {
-			// Write what is planned so far (whole ServicePorts, in commit
-			// order), so that a full sync never holds every entry twice.
-			if err := d.commitWrites(ws); err != nil {
-				return err
-			}
-		}
-	}
+// planRemovals queues the deletion of what nobody wants any more: the
+// released frontends no ServicePort re-claimed, unreferenced backends and,
+// in a full sync, whatever the maps hold beyond the desired state (a
+// service deleted while the agent was down).
+func (d *Datapath) planRemovals(ws *writeSet, released map[frontendKey]bool) error {
 	if d.fullSync {
 		// Anything the maps hold that nobody wants is stale (a service
 		// deleted while the agent was down).
@@ -399,14 +436,13 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	// A new map, not clear: clearing costs what the map once held (a
 	// million backends after a full sync), at every sync after.
 	d.unreferenced = map[backendKey]struct{}{}
-	if err := d.commit(ws); err != nil {
-		return err
-	}
-	// Backends on node addresses came or went: the egress program is
-	// needed, or no longer.
-	if err := d.writeNodeConfig(d.node.config); err != nil {
-		return err
-	}
+	return nil
+}
+
+// flushStaleOf deletes the flows of the UDP and SCTP frontends this sync
+// changed or removed whose backend no longer serves them (kube-proxy's
+// conntrack cleanup), timing it for ConntrackReconcileTime.
+func (d *Datapath) flushStaleOf(st *model.State, changed []model.ServicePortName, released map[frontendKey]bool) error {
 	touched := map[frontendKey]bool{}
 	for fk := range released {
 		if datagramProto(fk.proto) {
@@ -422,19 +458,10 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 			}
 		}
 	}
-	flushStart := time.Now()
-	ferr := d.flushStale(st, touched)
-	d.staleTook = time.Since(flushStart)
-	if ferr != nil {
-		return ferr
-	}
-	if err := d.syncClusterIPs(); err != nil {
-		return err
-	}
-	d.fullSync = false
-	d.appliedGen = st.Generation
-	d.recovered = map[frontendKey]uint32{}
-	return nil
+	start := time.Now()
+	err := d.flushStale(st, touched)
+	d.staleTook = time.Since(start)
+	return err
 }
 
 // release forgets what a ServicePort applied: its frontends become
