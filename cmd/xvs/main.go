@@ -3,6 +3,7 @@
 //
 //	xvs agent     run the proxy (Kubernetes API or a directory of manifests)
 //	xvs list      show what is programmed, like ipvsadm -Ln
+//	xvs explain   what the datapath does with a packet, and why
 //	xvs cleanup   detach and remove every xvs program, link and map
 //
 // A developer build (make build: go build -tags lab) adds the harness's
@@ -33,6 +34,7 @@ func commands() []command {
 	return append([]command{
 		{"agent", "run the proxy", runAgent},
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
+		{"explain", "say what the datapath does with a packet, and why", runExplain},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
 	}, extra...)
 }

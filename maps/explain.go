@@ -1,0 +1,458 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Explaining a packet: what the live datapath would do with it and why.
+// The answer comes from the datapath's own program, never from a second
+// implementation: the tc ingress program is loaded over private copies of
+// the pinned maps (the Services, backends, scheduler state and node
+// settings as they are now, and the client's own conntrack and affinity
+// entries) and runs once on the packet (BPF_PROG_TEST_RUN). The live maps
+// are only read: the run's conntrack entry, counters and scheduler cursor
+// stay in the copies.
+
+// ExplainPacket is the packet to explain: a TCP SYN (or, with Established,
+// an ACK) or a UDP or SCTP datagram from From to To.
+type ExplainPacket struct {
+	From, To    netip.AddrPort
+	Proto       model.Protocol
+	Established bool
+	// Ifindex is the interface the packet arrives on (0: none; routes are
+	// then looked up as for a packet of no interface).
+	Ifindex uint32
+}
+
+// Explanation is the program's answer.
+type Explanation struct {
+	// Verdict is the datapath's verdict (maps.VerdictName), Action what
+	// it does: "translate", "drop", "reject" or "pass".
+	Verdict, Action string
+	// Tracked: the packet belongs to a flow conntrack already has.
+	Tracked bool
+	// Frontend is the frontend the packet matched (none: not a
+	// Service's), Scope "policy" or "short-circuit" (an in-cluster client
+	// of an externalTrafficPolicy: Local frontend).
+	Frontend string `json:",omitempty"`
+	Scope    string `json:",omitempty"`
+	// Backend is where a translated packet goes, and BackendID its ID.
+	Backend   netip.AddrPort `json:",omitzero"`
+	BackendID uint32         `json:",omitempty"`
+	// Source is the translated packet's source; Masquerade says who
+	// masquerades it: "" (nobody), "xvs" (Source is the masquerade
+	// address), "netfilter" (the node's POSTROUTING rule, by mark), or
+	// "remap" (a port clash: the client's address with another port).
+	Source     netip.AddrPort `json:",omitzero"`
+	Masquerade string         `json:",omitempty"`
+	// LocalDelivery: the backend is this node's own address.
+	LocalDelivery bool `json:",omitempty"`
+}
+
+// tcActions are linux/pkt_cls.h's TC_ACT_* the program returns.
+var tcActions = map[uint32]string{0: "pass", 2: "drop", 7: "redirect"}
+
+// Explain runs the tc ingress program on p over copies of the maps pinned
+// at pinPath.
+func Explain(pinPath string, p ExplainPacket) (*Explanation, error) {
+	x, err := NewExplainer(pinPath)
+	if err != nil {
+		return nil, err
+	}
+	defer x.Close()
+	return x.Explain(p)
+}
+
+// An Explainer is the program loaded over copies of the pinned maps, taken
+// once; each Explain adds the packet's own conntrack and affinity entries
+// from the live maps, and leaves what its run changed in the copies, so
+// that a sequence of packets is explained as the datapath would meet it.
+type Explainer struct {
+	prog   *ebpf.Program
+	clones map[string]*ebpf.Map
+	// live are the pinned maps a packet's own entries are read from.
+	live map[string]*ebpf.Map
+}
+
+// NewExplainer loads the program over copies of the maps pinned at
+// pinPath.
+func NewExplainer(pinPath string) (_ *Explainer, err error) {
+	spec, err := xbpf.LoadXvs()
+	if err != nil {
+		return nil, err
+	}
+	for name := range spec.Programs {
+		if name != "xvs_tc_ingress" {
+			delete(spec.Programs, name)
+		}
+	}
+	x := &Explainer{clones: map[string]*ebpf.Map{}, live: map[string]*ebpf.Map{}}
+	defer func() {
+		if err != nil {
+			x.Close()
+		}
+	}()
+	for name, ms := range spec.Maps {
+		ms.Pinning = ebpf.PinNone
+		if name == ".bss" || name == ".rodata" || name == ".data" {
+			continue // the program's own variables: as built
+		}
+		m, err := x.cloneMap(pinPath, name, ms)
+		if err != nil {
+			return nil, fmt.Errorf("explain: copy %s: %w", name, err)
+		}
+		x.clones[name] = m
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: x.clones})
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("explain: load program: %+v", verr)
+		}
+		return nil, fmt.Errorf("explain: load program: %w", err)
+	}
+	x.prog = coll.DetachProgram("xvs_tc_ingress")
+	coll.Close()
+	return x, nil
+}
+
+// Close releases the program and the copies.
+func (x *Explainer) Close() {
+	if x.prog != nil {
+		x.prog.Close()
+	}
+	for _, m := range x.clones {
+		m.Close()
+	}
+	for _, m := range x.live {
+		m.Close()
+	}
+}
+
+// Explain runs the program once on p.
+func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
+	if p.From.Addr().Unmap().Is4() != p.To.Addr().Unmap().Is4() {
+		return nil, errors.New("explain: source and destination are of different families")
+	}
+	pkt, err := explainFrame(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := x.seed(p); err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	// Only this run's verdict and decision count (the run may take
+	// another CPU than the last).
+	verdicts := x.clones[xbpf.XvsMapXvsVerdicts]
+	if err := zeroPerCPU[xbpf.Stats](verdicts, indices(verdicts.MaxEntries())); err != nil {
+		return nil, err
+	}
+	if err := zeroPerCPU[xbpf.XvsFlowScratch](x.clones[xbpf.XvsMapXvsScratch], []uint32{0}); err != nil {
+		return nil, err
+	}
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbContext{IngressIfindex: p.Ifindex}, Repeat: 1}
+	ret, err := x.prog.Run(opts)
+	if err != nil {
+		return nil, fmt.Errorf("explain: run program: %w", err)
+	}
+	return readExplanation(x.clones, ret, p)
+}
+
+// seed copies p's own conntrack entries (its flow, if conntrack has it)
+// and its client's affinity entries from the live maps.
+func (x *Explainer) seed(p ExplainPacket) error {
+	k := explainCtKey(p)
+	for _, t := range []string{xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsCtUnreplied} {
+		live := x.live[t]
+		if live == nil {
+			continue
+		}
+		var e xbpf.CtEntry
+		if err := live.Lookup(&k, &e); err == nil {
+			if err := x.clones[t].Put(&k, &e); err != nil {
+				return err
+			}
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	live := x.live[xbpf.XvsMapXvsAffinity]
+	if live == nil {
+		return nil
+	}
+	client, _ := encodeAddr(p.From.Addr())
+	var perr error
+	err := walk(live, func(k *xbpf.AffKey, v *xbpf.AffValue) {
+		if k.Addr == client && perr == nil {
+			perr = x.clones[xbpf.XvsMapXvsAffinity].Put(k, v)
+		}
+	})
+	return errors.Join(err, perr)
+}
+
+func indices(n uint32) []uint32 {
+	ids := make([]uint32, n)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	return ids
+}
+
+// skbContext is the head of struct __sk_buff that BPF_PROG_TEST_RUN takes
+// as the skb's context (the fields before mark must be zero).
+type skbContext struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
+	IngressIfindex, Ifindex                                                               uint32
+}
+
+// cloneMap makes the private copy of one map: the decision's inputs with
+// their content, the tables of flows and affinity empty (their live map
+// kept, for seed), everything else empty.
+func (x *Explainer) cloneMap(pinPath, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
+	small := ms.Type == ebpf.Hash || ms.Type == ebpf.LRUHash || ms.Type == ebpf.PerCPUHash || ms.Type == ebpf.LRUCPUHash
+	if !copied[name] {
+		if small {
+			ms.MaxEntries = min(ms.MaxEntries, 4096) // written by the runs: a few entries each
+		}
+		return ebpf.NewMap(ms)
+	}
+	pinned, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	switch name {
+	case xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsCtUnreplied, xbpf.XvsMapXvsAffinity:
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil // an agent older than the table
+		} else if err == nil {
+			x.live[name] = pinned
+		}
+		ms.MaxEntries = 4096
+		if err != nil {
+			return nil, err
+		}
+		return ebpf.NewMap(ms)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer pinned.Close()
+	ms.MaxEntries = pinned.MaxEntries()
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, err
+	}
+	if name == xbpf.XvsMapXvsSchedTables {
+		err = cloneTables(pinned, m)
+	} else {
+		err = copyRaw(pinned, m)
+	}
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// copied are the maps the decision reads, copied with their content.
+var copied = map[string]bool{
+	xbpf.XvsMapXvsServices: true, xbpf.XvsMapXvsBackends: true, xbpf.XvsMapXvsMembers: true,
+	xbpf.XvsMapXvsSchedTables: true, xbpf.XvsMapXvsRrCursors: true, xbpf.XvsMapXvsBackendHeld: true,
+	xbpf.XvsMapXvsNodeConfig: true, xbpf.XvsMapXvsPodCidrs: true, xbpf.XvsMapXvsServiceCidrs: true,
+	xbpf.XvsMapXvsSourceRanges: true, xbpf.XvsMapXvsClusterIps: true, xbpf.XvsMapXvsIfSnat: true,
+	xbpf.XvsMapXvsConntrack: true, xbpf.XvsMapXvsCtUnreplied: true, xbpf.XvsMapXvsAffinity: true,
+}
+
+// copyRaw copies every entry of src into dst, as bytes.
+func copyRaw(src, dst *ebpf.Map) error {
+	k := make([]byte, src.KeySize())
+	v := make([]byte, src.ValueSize())
+	it := src.Iterate()
+	for it.Next(k, v) {
+		if src.Type() == ebpf.Array && allZero(v) {
+			continue // an array's entries exist already, zeroed
+		}
+		if err := dst.Put(k, v); err != nil {
+			return err
+		}
+	}
+	return it.Err()
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// cloneTables copies the scheduler tables: each inner table into a new
+// array, put under its key in dst.
+func cloneTables(src, dst *ebpf.Map) error {
+	var k xbpf.SchedKey
+	var id ebpf.MapID
+	it := src.Iterate()
+	for it.Next(&k, &id) {
+		inner, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			return fmt.Errorf("scheduler table of service %d: %w", k.SvcId, err)
+		}
+		cp, err := ebpf.NewMap(&ebpf.MapSpec{
+			Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: inner.MaxEntries(), Flags: unix.BPF_F_INNER_MAP,
+		})
+		if err == nil {
+			err = copyRaw(inner, cp)
+		}
+		inner.Close()
+		if err == nil {
+			err = dst.Put(&k, uint32(cp.FD()))
+		}
+		if cp != nil {
+			cp.Close()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return it.Err()
+}
+
+func explainCtKey(p ExplainPacket) xbpf.CtKey {
+	s, fam := encodeAddr(p.From.Addr())
+	d, _ := encodeAddr(p.To.Addr())
+	return xbpf.CtKey{Saddr: s, Daddr: d, Sport: htons(p.From.Port()), Dport: htons(p.To.Port()), Proto: uint8(p.Proto), Family: fam}
+}
+
+// readExplanation reads the run's outcome back from the copies: the
+// verdict counted, the decision left in the scratch space, and the flow's
+// conntrack entry.
+func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (*Explanation, error) {
+	x := &Explanation{}
+	per := []xbpf.Stats{}
+	var v uint32
+	it := clones[xbpf.XvsMapXvsVerdicts].Iterate()
+	for it.Next(&v, &per) {
+		for _, s := range per {
+			if s.PacketsIn > 0 {
+				x.Verdict = VerdictName(xbpf.Verdict(v))
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	x.Action = tcActions[ret]
+	switch {
+	case x.Action == "redirect" && isReject(x.Verdict):
+		x.Action = "reject"
+	case x.Action == "pass" || x.Action == "redirect":
+		if isTranslation(x.Verdict) {
+			x.Action = "translate"
+		} else {
+			x.Action = "pass"
+		}
+	}
+	x.Tracked = x.Verdict == VerdictName(xbpf.XvsXvsVerdictXVS_V_FWD_ESTABLISHED)
+
+	var scratch []xbpf.XvsFlowScratch
+	if err := clones[xbpf.XvsMapXvsScratch].Lookup(uint32(0), &scratch); err != nil {
+		return nil, fmt.Errorf("read the decision: %w", err)
+	}
+	for _, sc := range scratch {
+		if sc.Pkt.Len == 0 {
+			continue // another CPU's
+		}
+		if k := sc.Res.Key; k.Port != 0 {
+			x.Frontend = netip.AddrPortFrom(decodeAddr(k.Addr, k.Family), ntohs(k.Port)).String() + "/" + model.Protocol(k.Proto).String()
+			x.Scope = "policy"
+			if k.Scope == uint8(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) {
+				x.Scope = "short-circuit"
+			}
+		}
+		if x.Action == "translate" {
+			fam := sc.Pkt.Family
+			x.Backend = netip.AddrPortFrom(decodeAddr(sc.Res.Rw.Daddr, fam), ntohs(sc.Res.Rw.Dport))
+			x.Source = netip.AddrPortFrom(decodeAddr(sc.Res.Rw.Saddr, fam), ntohs(sc.Res.Rw.Sport))
+		}
+	}
+	if x.Action != "translate" {
+		return x, nil
+	}
+	// The flow's forward entry: its backend and how it leaves.
+	k := explainCtKey(p)
+	var e xbpf.CtEntry
+	for _, t := range []string{xbpf.XvsMapXvsCtUnreplied, xbpf.XvsMapXvsConntrack} {
+		if err := clones[t].Lookup(&k, &e); err == nil {
+			break
+		}
+	}
+	x.BackendID = e.BackendId
+	flag := func(f xbpf.CtFlags) bool { return e.Flags&uint16(f) != 0 }
+	switch {
+	case flag(xbpf.XvsXvsCtFlagsXVS_CT_F_CLASH):
+		x.Masquerade = "remap"
+	case flag(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT):
+		x.Masquerade = "xvs"
+	case flag(xbpf.XvsXvsCtFlagsXVS_CT_F_NF_MASQ):
+		x.Masquerade = "netfilter"
+	}
+	x.LocalDelivery = flag(xbpf.XvsXvsCtFlagsXVS_CT_F_HOST)
+	return x, nil
+}
+
+func isReject(v string) bool {
+	switch v {
+	case VerdictName(xbpf.XvsXvsVerdictXVS_V_REJECT_NO_ENDPOINTS), VerdictName(xbpf.XvsXvsVerdictXVS_V_REJECT_WRONG_PORT),
+		VerdictName(xbpf.XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED):
+		return true
+	}
+	return false
+}
+
+func isTranslation(v string) bool {
+	switch v {
+	case VerdictName(xbpf.XvsXvsVerdictXVS_V_FWD_NEW), VerdictName(xbpf.XvsXvsVerdictXVS_V_FWD_ESTABLISHED),
+		VerdictName(xbpf.XvsXvsVerdictXVS_V_REPLY), VerdictName(xbpf.XvsXvsVerdictXVS_V_REPLY_HOST):
+		return true
+	}
+	return false
+}
+
+// verdictReasons say in words what a verdict means, for `xvs explain`.
+var verdictReasons = map[string]string{
+	"pass":                        "not a Service's address (or not a protocol xvs balances): left to the node",
+	"forward_new":                 "a new connection to a frontend: a backend is chosen and the flow recorded",
+	"forward_established":         "a packet of a connection conntrack already has: it follows that flow",
+	"reply":                       "a reply of a tracked flow: the frontend becomes its source again",
+	"reply_host_endpoint":         "a reply of a flow to an endpoint on this node's own address",
+	"pass_malformed":              "headers xvs cannot parse: left to the node's stack",
+	"pass_fragment":               "a later fragment of a datagram xvs did not see begin: left to the stack",
+	"drop_no_local_endpoints":     "externalTrafficPolicy: Local and no ready endpoint on this node: dropped, as kube-proxy drops it",
+	"reject_no_endpoints":         "the Service has no ready endpoint anywhere: rejected (TCP RST, ICMP port unreachable)",
+	"drop_no_backend":             "no usable backend of the endpoints that apply: dropped",
+	"drop_invalid":                "a TCP segment that is neither a SYN nor part of a known flow (conntrack INVALID): dropped",
+	"drop_source_range":           "the source is outside the LoadBalancer's loadBalancerSourceRanges: dropped",
+	"reject_wrong_port":           "a ClusterIP on a port (or protocol) it does not serve: rejected",
+	"drop_unallocated_service_ip": "an address of a service CIDR that no Service has: dropped",
+	"drop_snat_ports_exhausted":   "no masquerade port free towards that backend: dropped",
+	"reject_frag_needed":          "too big for the path to the backend and may not be fragmented: answered with frag-needed",
+	"pass_frag_needed":            "too big for the path to the backend: left to the stack to fragment",
+}
+
+// Reason is the verdict in words.
+func (x *Explanation) Reason() string {
+	if r, ok := verdictReasons[x.Verdict]; ok {
+		return r
+	}
+	return x.Verdict
+}
