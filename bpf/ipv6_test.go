@@ -18,36 +18,20 @@ import (
 // with valid checksums.
 func packet6(t testing.TB, src, dst netip.Addr, p l4, frag *fragHdr) []byte {
 	t.Helper()
-	eth := &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nodeMAC, EthernetType: layers.EthernetTypeIPv6}
-	ip := &layers.IPv6{Version: 6, HopLimit: 64, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
-	buf := gopacket.NewSerializeBuffer()
-	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
-	var l4l gopacket.SerializableLayer
 	proto := layers.IPProtocolTCP
 	if p.proto == model.UDP {
 		proto = layers.IPProtocolUDP
-		udp := &layers.UDP{SrcPort: layers.UDPPort(p.sport), DstPort: layers.UDPPort(p.dport)}
-		udp.SetNetworkLayerForChecksum(ip)
-		l4l = udp
-	} else {
-		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, Seq: 1000, Window: 65535}
-		tcp.SetNetworkLayerForChecksum(ip)
-		l4l = tcp
 	}
-	ip.NextHeader = proto
 	if frag == nil {
-		if err := gopacket.SerializeLayers(buf, opts, eth, ip, l4l, gopacket.Payload(p.payload)); err != nil {
-			t.Fatal(err)
-		}
-		return buf.Bytes()
+		return packet6Behind(t, src, dst, p, proto, nil)
 	}
 	fh := []byte{byte(proto), 0, byte(frag.offset >> 5), byte(frag.offset<<3) | boolByte(frag.more), 0, 0, 0, byte(frag.id)}
 	return packet6Behind(t, src, dst, p, layers.IPProtocolIPv6Fragment, fh)
 }
 
 // packet6Behind is packet6 with the L4 header behind hand-built extension
-// headers (hdrs; first: the protocol number of the first of them, the last
-// naming TCP or UDP).
+// headers (hdrs; first: the protocol number of the first of them, or of the
+// L4 header when there are none; the last naming TCP or UDP).
 func packet6Behind(t testing.TB, src, dst netip.Addr, p l4, first layers.IPProtocol, hdrs []byte) []byte {
 	t.Helper()
 	eth := &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nodeMAC, EthernetType: layers.EthernetTypeIPv6}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // Options configure a run.
@@ -254,8 +255,20 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		p := &ps[i]
 		exp, why := r.sc.ExpectFor(r.opts.Mode, p)
 		aff := exp.Verdict == "" && affinityFor(r.w.objs.services(), r.sc.nodeAddrs, p.to, p.proto)
+		var x *maps.Explanation
+		var xerr string
+		if c, err := r.w.clientFor(p.From); err == nil {
+			x, xerr = r.w.explainFor(p, c)
+		}
 		obs, pass := r.w.runProbe(p, exp, aff)
 		r.report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)
+		switch {
+		case xerr != "":
+			r.reportExplain(step, p.Name, xerr, false)
+		case x != nil && pass:
+			got, ok := judgeExplain(x, exp)
+			r.reportExplain(step, p.Name, got, ok)
+		}
 	}
 }
 
