@@ -96,6 +96,7 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 	writeSummary(&b, runs)
 	writeSections(&b, runs, titles, all)
 	writeAgentChecks(&b, runs)
+	writeExplainChecks(&b, runs)
 	writeScenarios(&b, runs)
 	writeFailures(&b, runs)
 	return b.Bytes()
@@ -364,4 +365,46 @@ func tableHead(b *bytes.Buffer, runs []*Results, leading ...string) {
 		fmt.Fprintf(b, " %s |", column(r))
 	}
 	b.WriteString("\n|" + strings.Repeat("---|", len(leading)+len(runs)) + "\n")
+}
+
+// writeExplainChecks: how often xvs explain, asked before a probe, said
+// what the probe then met (ebpf runs; explain.go says which probes).
+func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
+	found := false
+	for _, r := range runs {
+		for _, s := range r.Scenarios {
+			found = found || slices.ContainsFunc(s.Probes, func(p ProbeResult) bool { return p.Explain })
+		}
+	}
+	if !found {
+		return
+	}
+	b.WriteString("\n## xvs explain against the probes (ebpf)\n\nBefore each passing probe from a pod or an outside client (TCP, UDP, no fixed source port), `xvs explain`\n" +
+		"ran the datapath's program over copies of the agent's maps; it agrees when it names the outcome the probe met (a\n" +
+		"translation to an expected member, or the REJECT, DROP or PASS). Agreed / asked.\n\n")
+	tableHead(b, runs, "")
+	b.WriteString("| explain |")
+	for _, r := range runs {
+		var pass, n int
+		for _, s := range r.Scenarios {
+			for _, p := range s.Probes {
+				if p.Explain {
+					n++
+					if p.Pass {
+						pass++
+					}
+				}
+			}
+		}
+		if n == 0 {
+			b.WriteString(" - |")
+			continue
+		}
+		mark := ""
+		if pass == n {
+			mark = " ✅"
+		}
+		fmt.Fprintf(b, " %d/%d%s |", pass, n, mark)
+	}
+	b.WriteString("\n")
 }

@@ -264,10 +264,10 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		r.report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)
 		switch {
 		case xerr != "":
-			r.reportExplain(step, p.Name, xerr, false)
+			r.reportExplain(step, p.Name, expectedString(p, exp, aff), xerr, false)
 		case x != nil && pass:
 			got, ok := judgeExplain(x, exp)
-			r.reportExplain(step, p.Name, got, ok)
+			r.reportExplain(step, p.Name, expectedString(p, exp, aff), got, ok)
 		}
 	}
 }

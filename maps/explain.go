@@ -253,7 +253,7 @@ func (x *Explainer) cloneMap(pinPath, name string, ms *ebpf.MapSpec) (*ebpf.Map,
 	if name == xbpf.XvsMapXvsSchedTables {
 		err = cloneTables(pinned, m)
 	} else {
-		err = copyRaw(pinned, m)
+		err = copiers[name](pinned, m)
 	}
 	if err != nil {
 		m.Close()
@@ -262,38 +262,52 @@ func (x *Explainer) cloneMap(pinPath, name string, ms *ebpf.MapSpec) (*ebpf.Map,
 	return m, nil
 }
 
-// copied are the maps the decision reads, copied with their content.
+// copied are the maps the decision reads, copied with their content
+// (conntrack and affinity: the packet's own entries, by seed).
 var copied = map[string]bool{
-	xbpf.XvsMapXvsServices: true, xbpf.XvsMapXvsBackends: true, xbpf.XvsMapXvsMembers: true,
-	xbpf.XvsMapXvsSchedTables: true, xbpf.XvsMapXvsRrCursors: true, xbpf.XvsMapXvsBackendHeld: true,
-	xbpf.XvsMapXvsNodeConfig: true, xbpf.XvsMapXvsPodCidrs: true, xbpf.XvsMapXvsServiceCidrs: true,
-	xbpf.XvsMapXvsSourceRanges: true, xbpf.XvsMapXvsClusterIps: true, xbpf.XvsMapXvsIfSnat: true,
-	xbpf.XvsMapXvsConntrack: true, xbpf.XvsMapXvsCtUnreplied: true, xbpf.XvsMapXvsAffinity: true,
+	xbpf.XvsMapXvsSchedTables: true, xbpf.XvsMapXvsConntrack: true, xbpf.XvsMapXvsCtUnreplied: true,
+	xbpf.XvsMapXvsAffinity: true,
 }
 
-// copyRaw copies every entry of src into dst, as bytes.
-func copyRaw(src, dst *ebpf.Map) error {
-	k := make([]byte, src.KeySize())
-	v := make([]byte, src.ValueSize())
-	it := src.Iterate()
-	for it.Next(k, v) {
-		if src.Type() == ebpf.Array && allZero(v) {
-			continue // an array's entries exist already, zeroed
-		}
-		if err := dst.Put(k, v); err != nil {
-			return err
-		}
-	}
-	return it.Err()
+// copiers copy the other maps the decision reads, each read and written in
+// batches (an array of a quarter million entries costs a few syscalls, not
+// a quarter million).
+var copiers = map[string]func(src, dst *ebpf.Map) error{
+	xbpf.XvsMapXvsServices:     copyTyped[xbpf.SvcKey, xbpf.SvcValue],
+	xbpf.XvsMapXvsBackends:     copyTyped[uint32, xbpf.Backend],
+	xbpf.XvsMapXvsMembers:      copyTyped[xbpf.MemberKey, uint32],
+	xbpf.XvsMapXvsRrCursors:    copyTyped[uint32, uint32],
+	xbpf.XvsMapXvsBackendHeld:  copyTyped[uint32, xbpf.Conns],
+	xbpf.XvsMapXvsNodeConfig:   copyTyped[uint32, xbpf.NodeConf],
+	xbpf.XvsMapXvsPodCidrs:     copyTyped[xbpf.LPMKey, uint32],
+	xbpf.XvsMapXvsServiceCidrs: copyTyped[xbpf.LPMKey, uint32],
+	xbpf.XvsMapXvsSourceRanges: copyTyped[xbpf.LPMKey, uint32],
+	xbpf.XvsMapXvsClusterIps:   copyTyped[xbpf.VIPKey, uint32],
+	xbpf.XvsMapXvsIfSnat:       copyTyped[uint32, xbpf.IfAddrs],
 }
 
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
+func init() {
+	for name := range copiers {
+		copied[name] = true
 	}
-	return true
+}
+
+// copyTyped copies src's entries into dst; an array's zero values are left
+// out (the new array holds them already).
+func copyTyped[K, V comparable](src, dst *ebpf.Map) error {
+	var keys []K
+	var vals []V
+	var zero V
+	err := walk(src, func(k *K, v *V) {
+		if *v == zero && src.Type() == ebpf.Array {
+			return
+		}
+		keys, vals = append(keys, *k), append(vals, *v)
+	})
+	if err != nil {
+		return err
+	}
+	return updateMany(dst, keys, vals)
 }
 
 // cloneTables copies the scheduler tables: each inner table into a new
@@ -311,7 +325,7 @@ func cloneTables(src, dst *ebpf.Map) error {
 			Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: inner.MaxEntries(), Flags: unix.BPF_F_INNER_MAP,
 		})
 		if err == nil {
-			err = copyRaw(inner, cp)
+			err = copyTyped[uint32, uint32](inner, cp)
 		}
 		inner.Close()
 		if err == nil {

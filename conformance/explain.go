@@ -1,0 +1,57 @@
+package conformance
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// The explain check: in ebpf mode, before each probe from a pod or an
+// outside client, `xvs explain`'s answer (maps.Explain: the datapath's own
+// program over copies of the agent's maps) is taken, and once the probe
+// has passed (its outcome is then the expectation) the answer must say
+// the same: a translation to one of the expected members, or the REJECT,
+// DROP or PASS observed. Host probes go through the socket hooks, which
+// explain does not run; probes with a fixed source port would need that
+// port's conntrack state, which the tries themselves change.
+
+// explainFor explains a probe's first packet, or returns "" when the check
+// does not apply.
+func (w *world) explainFor(p *Probe, c client) (*maps.Explanation, string) {
+	if w.mode != string(model.ModeEBPF) || c.role == RoleHost || p.SourcePort != 0 || (p.proto != "TCP" && p.proto != "UDP") {
+		return nil, ""
+	}
+	proto, _ := model.ParseProtocol(p.proto)
+	x, err := maps.Explain(w.pinPath, maps.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto})
+	if err != nil {
+		return nil, "ERROR: " + err.Error()
+	}
+	return x, ""
+}
+
+// judgeExplain compares an explanation with the expectation a probe met.
+func judgeExplain(x *maps.Explanation, exp Expect) (string, bool) {
+	got := fmt.Sprintf("%s (%s)", x.Action, x.Verdict)
+	if x.Action == "translate" {
+		got = fmt.Sprintf("translate to %s (%s)", x.Backend, x.Verdict)
+	}
+	switch exp.Verdict {
+	case Reject:
+		return got, x.Action == "reject"
+	case Drop:
+		return got, x.Action == "drop"
+	case Pass:
+		return got, x.Action == "pass"
+	}
+	return got, x.Action == "translate" && slices.Contains(exp.Members, x.Backend)
+}
+
+// reportExplain records the explain check of a probe, as a result of its
+// own (ProbeResult.Explain).
+func (r *scenarioRun) reportExplain(step int, name, expected, got string, pass bool) {
+	r.report(step, "explain "+name, expected, got, "", pass)
+	r.res.Probes[len(r.res.Probes)-1].Explain = true
+}
