@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -18,18 +19,49 @@ import (
 // explain does not run; probes with a fixed source port would need that
 // port's conntrack state, which the tries themselves change.
 
-// explainFor explains a probe's first packet, or returns "" when the check
+// explainer is the run's maps.Explainer, its copies refreshed from the
+// scenario's agent at every probe step (the program is loaded once a run:
+// verifying it costs seconds, in the VMs tens of them). nil when the check
 // does not apply.
-func (w *world) explainFor(p *Probe, c client) (*maps.Explanation, string) {
-	if w.mode != string(model.ModeEBPF) || c.role == RoleHost || p.SourcePort != 0 || (p.proto != "TCP" && p.proto != "UDP") {
+func (r *scenarioRun) explainer() (*maps.Explainer, string) {
+	if r.opts.Mode != string(model.ModeEBPF) {
 		return nil, ""
 	}
-	proto, _ := model.ParseProtocol(p.proto)
-	x, err := maps.Explain(w.pinPath, maps.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto})
+	o := r.opts
+	if o.explain != nil {
+		err := o.explain.Refresh(r.w.pinPath)
+		if err == nil {
+			return o.explain, ""
+		}
+		o.explain.Close()
+		o.explain = nil
+		if !errors.Is(err, maps.ErrExplainerStale) {
+			return nil, "ERROR: " + err.Error()
+		}
+	}
+	x, err := maps.NewExplainer(r.w.pinPath)
 	if err != nil {
 		return nil, "ERROR: " + err.Error()
 	}
+	o.explain = x
 	return x, ""
+}
+
+// explainFor explains a probe's first packet, or returns nil when the
+// check does not apply.
+func explainFor(x *maps.Explainer, xerr string, p *Probe, c client) (*maps.Explanation, string) {
+	if (x == nil && xerr == "") || c.role == RoleHost || p.SourcePort != 0 || (p.proto != "TCP" && p.proto != "UDP") {
+		return nil, ""
+	}
+	if x == nil {
+		return nil, xerr // the explainer could not be made
+	}
+	proto, _ := model.ParseProtocol(p.proto)
+	e, err := x.Explain(maps.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto})
+	if err != nil {
+		return nil, "ERROR: " + err.Error()
+	}
+	return e, ""
 }
 
 // judgeExplain compares an explanation with the expectation a probe met.

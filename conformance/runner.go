@@ -18,6 +18,10 @@ import (
 
 // Options configure a run.
 type Options struct {
+	// explain is the run's explainer (explain.go), made at the first
+	// ebpf probe step.
+	explain *maps.Explainer
+
 	// Mode is the datapath under test: ModeEBPF or ModeIPVS.
 	Mode string
 	// Bin is the xvs binary started as the agent in each node namespace.
@@ -157,6 +161,9 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		}
 		res.Scenarios = append(res.Scenarios, sr)
 	}
+	if opts.explain != nil {
+		opts.explain.Close()
+	}
 	res.Duration = Duration(time.Since(res.Started))
 	fmt.Fprintf(opts.Out, "%d passed, %d failed\n", res.Passed, res.Failed)
 	if !keepLogs {
@@ -251,6 +258,10 @@ func (r *scenarioRun) report(step int, name, expected, observed, why string, pas
 }
 
 func (r *scenarioRun) probes(step int, ps []Probe) {
+	ex, exErr := r.explainer()
+	if ex != nil {
+		defer ex.Forget()
+	}
 	for i := range ps {
 		p := &ps[i]
 		exp, why := r.sc.ExpectFor(r.opts.Mode, p)
@@ -258,7 +269,7 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		var x *maps.Explanation
 		var xerr string
 		if c, err := r.w.clientFor(p.From); err == nil {
-			x, xerr = r.w.explainFor(p, c)
+			x, xerr = explainFor(ex, exErr, p, c)
 		}
 		obs, pass := r.w.runProbe(p, exp, aff)
 		r.report(step, p.Name, expectedString(p, exp, aff), obs, why, pass)

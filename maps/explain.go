@@ -74,9 +74,10 @@ func Explain(pinPath string, p ExplainPacket) (*Explanation, error) {
 }
 
 // An Explainer is the program loaded over copies of the pinned maps, taken
-// once; each Explain adds the packet's own conntrack and affinity entries
-// from the live maps, and leaves what its run changed in the copies, so
-// that a sequence of packets is explained as the datapath would meet it.
+// when it is made and again at each Refresh. Each Explain starts from the
+// live flows (seed) and leaves its run's scheduler state (round-robin
+// cursors, least-connection counts) in the copies, so that a sequence of
+// packets is explained as the datapath would meet it.
 type Explainer struct {
 	prog   *ebpf.Program
 	clones map[string]*ebpf.Map
@@ -107,7 +108,7 @@ func NewExplainer(pinPath string) (_ *Explainer, err error) {
 		if name == ".bss" || name == ".rodata" || name == ".data" {
 			continue // the program's own variables: as built
 		}
-		m, err := x.cloneMap(pinPath, name, ms)
+		m, err := cloneMap(pinPath, name, ms)
 		if err != nil {
 			return nil, fmt.Errorf("explain: copy %s: %w", name, err)
 		}
@@ -123,6 +124,9 @@ func NewExplainer(pinPath string) (_ *Explainer, err error) {
 	}
 	x.prog = coll.DetachProgram("xvs_tc_ingress")
 	coll.Close()
+	if err := x.Refresh(pinPath); err != nil {
+		return nil, err
+	}
 	return x, nil
 }
 
@@ -137,6 +141,16 @@ func (x *Explainer) Close() {
 	for _, m := range x.live {
 		m.Close()
 	}
+}
+
+// Forget closes the live maps Refresh opened (the agent's flows and
+// affinity), until the next Refresh: an Explainer kept between agents holds
+// none of theirs.
+func (x *Explainer) Forget() {
+	for _, m := range x.live {
+		m.Close()
+	}
+	x.live = map[string]*ebpf.Map{}
 }
 
 // Explain runs the program once on p.
@@ -169,21 +183,37 @@ func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
 	return readExplanation(x.clones, ret, p)
 }
 
-// seed copies p's own conntrack entries (its flow, if conntrack has it)
-// and its client's affinity entries from the live maps.
+// seed empties the copies of the flows' and affinity tables and puts in
+// p's own conntrack entries (its flow, if conntrack has it) and its
+// client's affinity entries from the live maps: each packet is explained
+// against the live flows, not against what earlier explanations left.
 func (x *Explainer) seed(p ExplainPacket) error {
+	for name := range seeded {
+		if err := copiers[name].clear(x.clones[name]); err != nil {
+			return err
+		}
+	}
+	// Every flow of the packet's client port, both entries: its own flow,
+	// and any other that reaches the same backend (a clash the decision
+	// resolves with another port).
 	k := explainCtKey(p)
 	for _, t := range []string{xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsCtUnreplied} {
 		live := x.live[t]
 		if live == nil {
 			continue
 		}
-		var e xbpf.CtEntry
-		if err := live.Lookup(&k, &e); err == nil {
-			if err := x.clones[t].Put(&k, &e); err != nil {
-				return err
+		var keys []xbpf.CtKey
+		var vals []xbpf.CtEntry
+		err := walk(live, func(ck *xbpf.CtKey, e *xbpf.CtEntry) {
+			if ck.Proto == k.Proto && ck.Family == k.Family &&
+				((ck.Saddr == k.Saddr && ck.Sport == k.Sport) || (ck.Daddr == k.Saddr && ck.Dport == k.Sport)) {
+				keys, vals = append(keys, *ck), append(vals, *e)
 			}
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		})
+		if err == nil {
+			err = updateMany(x.clones[t], keys, vals)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -216,85 +246,107 @@ type skbContext struct {
 	IngressIfindex, Ifindex                                                               uint32
 }
 
-// cloneMap makes the private copy of one map: the decision's inputs with
-// their content, the tables of flows and affinity empty (their live map
-// kept, for seed), everything else empty.
-func (x *Explainer) cloneMap(pinPath, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
+// cloneMap makes the private copy of one map: the maps the decision
+// reads (copiers) sized as pinned and filled by Refresh, the flows' and
+// affinity tables small and seeded per packet, the rest empty.
+func cloneMap(pinPath, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	small := ms.Type == ebpf.Hash || ms.Type == ebpf.LRUHash || ms.Type == ebpf.PerCPUHash || ms.Type == ebpf.LRUCPUHash
-	if !copied[name] {
-		if small {
-			ms.MaxEntries = min(ms.MaxEntries, 4096) // written by the runs: a few entries each
-		}
-		return ebpf.NewMap(ms)
-	}
-	pinned, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
-	switch name {
-	case xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsCtUnreplied, xbpf.XvsMapXvsAffinity:
-		if errors.Is(err, os.ErrNotExist) {
-			err = nil // an agent older than the table
-		} else if err == nil {
-			x.live[name] = pinned
-		}
+	switch {
+	case seeded[name]:
 		ms.MaxEntries = 4096
+	case copiers[name] != nil:
+		pinned, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			return nil, err
 		}
-		return ebpf.NewMap(ms)
+		ms.MaxEntries = pinned.MaxEntries()
+		pinned.Close()
+	case small:
+		ms.MaxEntries = min(ms.MaxEntries, 4096) // written by the runs: a few entries each
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer pinned.Close()
-	ms.MaxEntries = pinned.MaxEntries()
-	m, err := ebpf.NewMap(ms)
-	if err != nil {
-		return nil, err
-	}
-	if name == xbpf.XvsMapXvsSchedTables {
-		err = cloneTables(pinned, m)
-	} else {
-		err = copiers[name](pinned, m)
-	}
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	return m, nil
+	return ebpf.NewMap(ms)
 }
 
-// copied are the maps the decision reads, copied with their content
-// (conntrack and affinity: the packet's own entries, by seed).
-var copied = map[string]bool{
-	xbpf.XvsMapXvsSchedTables: true, xbpf.XvsMapXvsConntrack: true, xbpf.XvsMapXvsCtUnreplied: true,
-	xbpf.XvsMapXvsAffinity: true,
+// ErrExplainerStale: the maps pinned now are sized unlike the copies the
+// Explainer's program runs over; a new Explainer is needed.
+var ErrExplainerStale = errors.New("explain: the pinned maps changed size")
+
+// Refresh copies the maps pinned at pinPath (another agent's, or the same
+// agent's after a change) into the copies, replacing what they held; the
+// program stays loaded.
+func (x *Explainer) Refresh(pinPath string) error {
+	for name, c := range copiers {
+		if seeded[name] {
+			continue
+		}
+		pinned, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return fmt.Errorf("explain: %s: %w", name, err)
+		}
+		dst := x.clones[name]
+		if pinned.MaxEntries() != dst.MaxEntries() {
+			pinned.Close()
+			return ErrExplainerStale
+		}
+		err = c.clear(dst)
+		if err == nil {
+			err = c.copy(pinned, dst)
+		}
+		pinned.Close()
+		if err != nil {
+			return fmt.Errorf("explain: copy %s: %w", name, err)
+		}
+	}
+	x.Forget()
+	for name := range seeded {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			continue // an agent older than the table
+		}
+		if err != nil {
+			return fmt.Errorf("explain: %s: %w", name, err)
+		}
+		x.live[name] = m
+	}
+	return nil
 }
 
 // copiers copy the other maps the decision reads, each read and written in
 // batches (an array of a quarter million entries costs a few syscalls, not
 // a quarter million).
-var copiers = map[string]func(src, dst *ebpf.Map) error{
-	xbpf.XvsMapXvsServices:     copyTyped[xbpf.SvcKey, xbpf.SvcValue],
-	xbpf.XvsMapXvsBackends:     copyTyped[uint32, xbpf.Backend],
-	xbpf.XvsMapXvsMembers:      copyTyped[xbpf.MemberKey, uint32],
-	xbpf.XvsMapXvsRrCursors:    copyTyped[uint32, uint32],
-	xbpf.XvsMapXvsBackendHeld:  copyTyped[uint32, xbpf.Conns],
-	xbpf.XvsMapXvsNodeConfig:   copyTyped[uint32, xbpf.NodeConf],
-	xbpf.XvsMapXvsPodCidrs:     copyTyped[xbpf.LPMKey, uint32],
-	xbpf.XvsMapXvsServiceCidrs: copyTyped[xbpf.LPMKey, uint32],
-	xbpf.XvsMapXvsSourceRanges: copyTyped[xbpf.LPMKey, uint32],
-	xbpf.XvsMapXvsClusterIps:   copyTyped[xbpf.VIPKey, uint32],
-	xbpf.XvsMapXvsIfSnat:       copyTyped[uint32, xbpf.IfAddrs],
+var copiers = map[string]copier{
+	xbpf.XvsMapXvsServices:     typedCopier[xbpf.SvcKey, xbpf.SvcValue]{},
+	xbpf.XvsMapXvsBackends:     typedCopier[uint32, xbpf.Backend]{},
+	xbpf.XvsMapXvsMembers:      typedCopier[xbpf.MemberKey, uint32]{},
+	xbpf.XvsMapXvsRrCursors:    typedCopier[uint32, uint32]{},
+	xbpf.XvsMapXvsBackendHeld:  typedCopier[uint32, xbpf.Conns]{},
+	xbpf.XvsMapXvsNodeConfig:   typedCopier[uint32, xbpf.NodeConf]{},
+	xbpf.XvsMapXvsPodCidrs:     typedCopier[xbpf.LPMKey, uint32]{},
+	xbpf.XvsMapXvsServiceCidrs: typedCopier[xbpf.LPMKey, uint32]{},
+	xbpf.XvsMapXvsSourceRanges: typedCopier[xbpf.LPMKey, uint32]{},
+	xbpf.XvsMapXvsClusterIps:   typedCopier[xbpf.VIPKey, uint32]{},
+	xbpf.XvsMapXvsIfSnat:       typedCopier[uint32, xbpf.IfAddrs]{},
+	xbpf.XvsMapXvsSchedTables:  tablesCopier{},
+	xbpf.XvsMapXvsConntrack:    typedCopier[xbpf.CtKey, xbpf.CtEntry]{},
+	xbpf.XvsMapXvsCtUnreplied:  typedCopier[xbpf.CtKey, xbpf.CtEntry]{},
+	xbpf.XvsMapXvsAffinity:     typedCopier[xbpf.AffKey, xbpf.AffValue]{},
 }
 
-func init() {
-	for name := range copiers {
-		copied[name] = true
-	}
+// seeded are the copies that start empty: the packet's own entries are
+// put in by seed.
+var seeded = map[string]bool{xbpf.XvsMapXvsConntrack: true, xbpf.XvsMapXvsCtUnreplied: true, xbpf.XvsMapXvsAffinity: true}
+
+// A copier fills a copy from its map and empties it again.
+type copier interface {
+	copy(src, dst *ebpf.Map) error
+	clear(m *ebpf.Map) error
 }
 
-// copyTyped copies src's entries into dst; an array's zero values are left
-// out (the new array holds them already).
-func copyTyped[K, V comparable](src, dst *ebpf.Map) error {
+type typedCopier[K, V comparable] struct{}
+
+// copy copies src's entries into dst; an array's zero values are left out
+// (the new array holds them already).
+func (typedCopier[K, V]) copy(src, dst *ebpf.Map) error {
 	var keys []K
 	var vals []V
 	var zero V
@@ -308,6 +360,42 @@ func copyTyped[K, V comparable](src, dst *ebpf.Map) error {
 		return err
 	}
 	return updateMany(dst, keys, vals)
+}
+
+// clear deletes every entry (an array's: zeroes the ones that are not).
+func (typedCopier[K, V]) clear(m *ebpf.Map) error {
+	var keys []K
+	var zero V
+	err := walk(m, func(k *K, v *V) {
+		if *v != zero || m.Type() != ebpf.Array {
+			keys = append(keys, *k)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if m.Type() == ebpf.Array {
+		return updateMany(m, keys, make([]V, len(keys)))
+	}
+	return deleteMany(m, keys)
+}
+
+type tablesCopier struct{}
+
+func (tablesCopier) copy(src, dst *ebpf.Map) error { return cloneTables(src, dst) }
+
+func (tablesCopier) clear(m *ebpf.Map) error {
+	var keys []xbpf.SchedKey
+	var k xbpf.SchedKey
+	var id ebpf.MapID
+	it := m.Iterate()
+	for it.Next(&k, &id) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	return deleteMany(m, keys)
 }
 
 // cloneTables copies the scheduler tables: each inner table into a new
@@ -325,7 +413,7 @@ func cloneTables(src, dst *ebpf.Map) error {
 			Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: inner.MaxEntries(), Flags: unix.BPF_F_INNER_MAP,
 		})
 		if err == nil {
-			err = copyTyped[uint32, uint32](inner, cp)
+			err = typedCopier[uint32, uint32]{}.copy(inner, cp)
 		}
 		inner.Close()
 		if err == nil {
