@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -12,6 +12,7 @@ help:
 	@echo "make bench-peers   xvs beside the real kube-proxy (nftables, iptables); rewrites docs/BENCHMARKS-peers.md (root; XVS_PEERS_WINDOW=30s)"
 	@echo "make kube-proxy   build the real kube-proxy v1.37 once (cached under /var/cache/xvs)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
+	@echo "make verifier-stats [KERNEL=6.1 VM=1]   what the verifier spends on each program (root)"
 	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make image   the xvs OCI image as a docker-save tarball, bin/xvs-image.tar (no Docker engine)"
@@ -83,6 +84,16 @@ test: deps generate-check lint apiserver kube-proxy
 	$(MAKE) vmtest KERNEL=6.12
 	$(MAKE) conformance-vm-ebpf KERNEL=6.1
 	$(MAKE) conformance-vm-ipvs KERNEL=6.12
+
+# What the kernel's verifier spends on each program (bpf/README.md).
+verifier-stats:
+ifeq ($(VM),)
+	$(GO) run ./hack/verifstats $(VERIFSTATS_FLAGS)
+else
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -o bin/verifstats ./hack/verifstats
+	./hack/vm/vm.sh run $(KERNEL) -- './bin/verifstats $(VERIFSTATS_FLAGS)'
+endif
 
 KERNEL ?= 6.12
 vmtest:

@@ -80,7 +80,7 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool l3)
 	}
 
 	p->ifindex = skb->ingress_ifindex;
-	switch (flow_process(skb, p, res)) {
+	switch (flow_process(skb, false, p, res)) {
 	case XVS_ACT_NAT:
 		ret = tc_forward(skb, p, &res->rw, &res->verdict, tc_how(skb, res->nf_flags, TC_FWD_REWRITE));
 		return verdict(ret, res->verdict, skb);
@@ -208,7 +208,7 @@ int xvs_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	meta->magic = 0;
 
-	switch (flow_process(ctx, p, &sc->res)) {
+	switch (flow_process(ctx, true, p, &sc->res)) {
 	case XVS_ACT_NAT:
 		if (xdp_too_big(ctx, p, &sc->res.rw))
 			return XDP_PASS;

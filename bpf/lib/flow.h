@@ -74,10 +74,16 @@ struct {
 /* The scratch space with the packet and the decision zeroed (parsing
  * relies on zero-padded addresses); flow_new clears the entry itself, and
  * only when it builds one. NULL never happens with a 1-entry array. */
-static __always_inline struct flow_scratch *flow_scratch(void)
+static __always_inline struct flow_scratch *flow_scratch_get(void)
 {
 	__u32 zero = 0;
-	struct flow_scratch *sc = bpf_map_lookup_elem(&xvs_scratch, &zero);
+
+	return bpf_map_lookup_elem(&xvs_scratch, &zero);
+}
+
+static __always_inline struct flow_scratch *flow_scratch(void)
+{
+	struct flow_scratch *sc = flow_scratch_get();
 
 	if (sc) {
 		__builtin_memset(&sc->pkt, 0, sizeof(sc->pkt));
@@ -512,11 +518,17 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 }
 
 /* Does a live flow (in either table) hold the reply key ck? A dead one's
- * entry in xvs_conntrack is deleted on the way. */
-static __noinline bool flow_reply_taken(const struct xvs_ct_key *ck, __u64 now)
+ * entry in xvs_conntrack is deleted on the way. A global function (see
+ * flow_new_skb). */
+__noinline int flow_reply_taken(const struct xvs_ct_key *key, __u64 now)
 {
-	struct xvs_ct_entry *have = bpf_map_lookup_elem(&xvs_conntrack, ck);
+	struct xvs_ct_key k, *ck = &k;
+	struct xvs_ct_entry *have;
 
+	if (!key)
+		return 0;
+	k = *key; /* on the stack: plain memory is no map key to Linux 6.1 */
+	have = bpf_map_lookup_elem(&xvs_conntrack, ck);
 	if (have) {
 		if (ct_flow_of(ck, have, now, false))
 			return true;
@@ -576,13 +588,19 @@ static __always_inline bool flow_nat_path(void *ctx, const struct xvs_pkt *p, co
 /* The closed or expired flow of p's client tuple, if any, is replaced by
  * the new one: it is retired (flow_retire), and its masquerade port
  * returned, for the new flow to try first (a reused client port recycles
- * its mapping), or 0. */
-static __always_inline __be16 flow_replace(const struct xvs_pkt *p)
+ * its mapping), or 0. A global function (see flow_new_skb) on the
+ * scratch space's packet. */
+__noinline int flow_replace(void)
 {
+	struct flow_scratch *sc = flow_scratch_get();
 	struct xvs_ct_key ck = {};
 	struct xvs_ct_entry *old;
+	const struct xvs_pkt *p;
 	__be16 prefer = 0;
 
+	if (!sc)
+		return 0;
+	p = &sc->pkt;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
 	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
 	if (old && !ct_is_reply(old)) {
@@ -631,8 +649,9 @@ static __always_inline int flow_opens(void *ctx, const struct xvs_pkt *p, const 
  * in this one function (about 100 lines): its order is the protocol
  * (reply entry before forward entry, both built in one scratch entry), and
  * a subprogram per step would stack frames the deepest chain (the
- * masquerade port search) has no room for. */
-static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
+ * masquerade port search) has no room for. Programs call it as
+ * flow_new_skb or flow_new_xdp. */
+static __always_inline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
 {
 	struct xvs_svc_key *key = &res->key;
 	struct xvs_svc_value *svc;
@@ -677,7 +696,7 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	__be16 sport = p->sport, prefer;
 
 	snat = flow_nat_path(ctx, p, cfg, be, snat, &flags, &node);
-	prefer = flow_replace(p);
+	prefer = flow_replace();
 
 	/* The entry is built in per-CPU scratch space: two of them on the
 	 * stack would not fit the BPF stack beside everything else. */
@@ -757,6 +776,32 @@ static __noinline int flow_new(void *ctx, const struct xvs_pkt *p, struct flow_r
 	return XVS_ACT_NAT;
 }
 
+/* flow_new for each kind of program context: global functions, each
+ * verified once on its own, whatever state the program is in when it calls
+ * it. A static subprogram is verified again for every caller state the
+ * verifier cannot prune: on Linux 6.1 that tripled the tc program's
+ * verification (685k instructions processed of the 1M limit, 20 s under
+ * qemu). They work on the packet and the decision in the per-CPU scratch
+ * space, where the program put them: a pointer argument would be plain
+ * memory to the verifier, which Linux 6.1 does not take as a map key. */
+__noinline int flow_new_skb(struct __sk_buff *skb)
+{
+	struct flow_scratch *sc = flow_scratch_get();
+
+	if (!sc)
+		return XVS_ACT_PASS;
+	return flow_new(skb, &sc->pkt, &sc->res);
+}
+
+__noinline int flow_new_xdp(struct xdp_md *ctx)
+{
+	struct flow_scratch *sc = flow_scratch_get();
+
+	if (!sc)
+		return XVS_ACT_PASS;
+	return flow_new(ctx, &sc->pkt, &sc->res);
+}
+
 /* The conntrack half of the decision: a packet of a live flow gets its
  * translation; anything else is XVS_ACT_NEW for flow_new. */
 static __always_inline int flow_track_in(const struct xvs_pkt *p, const struct xvs_ct_key *ck,
@@ -811,7 +856,7 @@ static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
  * is the program's context (skb or XDP buffer), for route and socket
  * lookups. The two halves are separate subprograms so that their stack
  * frames are siblings, not nested. */
-static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, struct flow_res *res)
+static __always_inline int flow_process(void *ctx, bool xdp, const struct xvs_pkt *p, struct flow_res *res)
 {
 	int act = flow_track(p, res);
 
@@ -821,7 +866,8 @@ static __always_inline int flow_process(void *ctx, const struct xvs_pkt *p, stru
 		res->verdict = XVS_V_PASS_FRAGMENT;
 		return XVS_ACT_PASS;
 	}
-	return flow_new(ctx, p, res);
+	/* p and res are the scratch space's (flow_new_skb). */
+	return xdp ? flow_new_xdp(ctx) : flow_new_skb(ctx);
 }
 
 /* At a device's egress: a reply of a flow whose backend is this node's own
