@@ -71,9 +71,8 @@ struct {
 	__uint(max_entries, 1);
 } xvs_scratch SEC(".maps");
 
-/* The scratch space with the packet and the decision zeroed (parsing
- * relies on zero-padded addresses); flow_new clears the entry itself, and
- * only when it builds one. NULL never happens with a 1-entry array. */
+/* This CPU's scratch space as it is. NULL never happens with a 1-entry
+ * array. */
 static __always_inline struct flow_scratch *flow_scratch_get(void)
 {
 	__u32 zero = 0;
@@ -81,6 +80,9 @@ static __always_inline struct flow_scratch *flow_scratch_get(void)
 	return bpf_map_lookup_elem(&xvs_scratch, &zero);
 }
 
+/* The scratch space with the packet and the decision zeroed, at a
+ * program's start (parsing relies on zero-padded addresses); flow_new
+ * clears the entry itself, and only when it builds one. */
 static __always_inline struct flow_scratch *flow_scratch(void)
 {
 	struct flow_scratch *sc = flow_scratch_get();
