@@ -177,7 +177,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.XDPDevices, "xdp-devices", "", "comma-separated external interface names or globs that also get the XDP fast path for NodePort, ExternalIP and LB traffic (default: none)")
 	fs.StringVar(&o.PinPath, "pin-path", loader.DefaultPinPath, "bpffs directory for pinned maps, programs and links")
 	fs.StringVar(&o.TCAttach, "tc-attach", string(loader.AttachAuto), "tc attach mode: auto (TCX where available), tcx or legacy")
-	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated)")
+	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated) of the unallocated-address DROP, beside the API server's ServiceCIDR objects")
 	fs.StringVar(&o.NodeIPs, "node-ip", "", "the node's addresses, primary first (default: bindAddress, else from the Node object)")
 	fs.StringVar(&o.ServiceProxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones)")
 	fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT (never in production)")

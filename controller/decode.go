@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -21,15 +22,16 @@ import (
 
 // manifestDecoder decodes with the real API machinery, so apiVersion and
 // kind are checked exactly as the API server would, and typed structs are
-// filled by the same JSON rules. The scheme holds core/v1 and
-// discovery.k8s.io/v1 only: other known kinds (ConfigMap, Pod) decode and
+// filled by the same JSON rules. The scheme holds core/v1,
+// discovery.k8s.io/v1 and networking.k8s.io/v1 only: other known kinds
+// (ConfigMap, Pod, NetworkPolicy) decode and
 // are reported as unsupported, and unknown ones (Deployment, CRDs) fail
 // with a not-registered error, which we report the same way. Strict mode
 // turns unknown or duplicate fields into warnings, like kubectl's field
 // validation, so a typo such as "clusterIp" does not go unnoticed.
 var manifestDecoder = func() runtime.Decoder {
 	s := runtime.NewScheme()
-	if err := errors.Join(v1.AddToScheme(s), discoveryv1.AddToScheme(s)); err != nil {
+	if err := errors.Join(v1.AddToScheme(s), discoveryv1.AddToScheme(s), networkingv1.AddToScheme(s)); err != nil {
 		panic(err)
 	}
 	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
@@ -37,7 +39,7 @@ var manifestDecoder = func() runtime.Decoder {
 
 // objectKey identifies a manifest object across files and reloads.
 type objectKey struct {
-	kind string // "Service", "EndpointSlice" or "Node"
+	kind string // "Service", "EndpointSlice", "Node" or "ServiceCIDR"
 	types.NamespacedName
 }
 
@@ -47,7 +49,7 @@ type manifestObject struct {
 	file string
 	doc  int
 	// obj is what the informers would cache (TrimObject): a *v1.Service,
-	// a *Slice or a *v1.Node.
+	// a *Slice, a *v1.Node or a *networkingv1.ServiceCIDR.
 	obj any
 }
 
@@ -142,6 +144,8 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 		kind = "EndpointSlice"
 	case *v1.Node:
 		kind = "Node"
+	case *networkingv1.ServiceCIDR:
+		kind = "ServiceCIDR"
 	default:
 		d.report(gvkKind(gvk), objectName(obj), "%sunsupported kind %s: ignored", where, gvkString(gvk))
 		return ""
@@ -152,7 +156,7 @@ func (d *docDecoder) add(obj runtime.Object, gvk *schema.GroupVersionKind, where
 		d.incomplete = true
 		return ""
 	}
-	if kind == "Node" {
+	if kind == "Node" || kind == "ServiceCIDR" {
 		m.SetNamespace("") // cluster-scoped
 	} else if m.GetNamespace() == "" {
 		m.SetNamespace(metav1.NamespaceDefault) // as kubectl apply does

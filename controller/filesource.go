@@ -16,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 )
 
 // Handler receives object events. *Tracker implements it; client-go
@@ -36,6 +37,9 @@ type Handler interface {
 	OnNodeAdd(n *v1.Node) bool
 	OnNodeUpdate(old, n *v1.Node) bool
 	OnNodeDelete(n *v1.Node) bool
+	OnServiceCIDRAdd(c *networkingv1.ServiceCIDR) bool
+	OnServiceCIDRUpdate(old, c *networkingv1.ServiceCIDR) bool
+	OnServiceCIDRDelete(c *networkingv1.ServiceCIDR) bool
 }
 
 const (
@@ -312,6 +316,8 @@ func (s *FileSource) dispatch(obj, old any) bool {
 			return s.h.OnSliceAdd(o)
 		case *v1.Node:
 			return s.h.OnNodeAdd(o)
+		case *networkingv1.ServiceCIDR:
+			return s.h.OnServiceCIDRAdd(o)
 		}
 	case obj == nil:
 		switch o := old.(type) {
@@ -321,6 +327,8 @@ func (s *FileSource) dispatch(obj, old any) bool {
 			return s.h.OnSliceDelete(o)
 		case *v1.Node:
 			return s.h.OnNodeDelete(o)
+		case *networkingv1.ServiceCIDR:
+			return s.h.OnServiceCIDRDelete(o)
 		}
 	default:
 		switch o := obj.(type) {
@@ -330,6 +338,8 @@ func (s *FileSource) dispatch(obj, old any) bool {
 			return s.h.OnSliceUpdate(old.(*Slice), o)
 		case *v1.Node:
 			return s.h.OnNodeUpdate(old.(*v1.Node), o)
+		case *networkingv1.ServiceCIDR:
+			return s.h.OnServiceCIDRUpdate(old.(*networkingv1.ServiceCIDR), o)
 		}
 	}
 	return false

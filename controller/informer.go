@@ -11,6 +11,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -36,7 +38,7 @@ type InformerConfig struct {
 
 // Event says what an InformerSource just passed to its Handler.
 type Event struct {
-	// Kind is "Service", "EndpointSlice" or "Node".
+	// Kind is "Service", "EndpointSlice", "Node" or "ServiceCIDR".
 	Kind string
 	// Changed is the Handler's verdict: false for collapsed no-ops.
 	Changed bool
@@ -55,8 +57,9 @@ type Event struct {
 
 // InformerSource feeds a Handler from the Kubernetes API through client-go
 // shared informers: Services and discovery.k8s.io/v1 EndpointSlices
-// selected like kube-proxy selects them, and this node's Node. It is the
-// API counterpart of FileSource; both call the same Handler methods.
+// selected like kube-proxy selects them, this node's Node, and the
+// networking.k8s.io/v1 ServiceCIDRs. It is the API counterpart of
+// FileSource; both call the same Handler methods.
 type InformerSource struct {
 	client kubernetes.Interface
 	h      Handler
@@ -130,6 +133,10 @@ func (s *InformerSource) Start(ctx context.Context, onEvent func(Event)) error {
 	s.services, s.slices = services, slices
 	s.mu.Unlock()
 	nodes := ownNode.Core().V1().Nodes().Informer()
+	cidrs, err := s.serviceCIDRInformer(ctx)
+	if err != nil {
+		return err
+	}
 
 	for _, add := range []func() (cache.ResourceEventHandlerRegistration, error){
 		func() (cache.ResourceEventHandlerRegistration, error) {
@@ -146,6 +153,15 @@ func (s *InformerSource) Start(ctx context.Context, onEvent func(Event)) error {
 		}
 		s.regs = append(s.regs, reg)
 	}
+	if cidrs != nil {
+		// Not waited for, as kube-proxy does not wait: the ranges only add
+		// the unallocated-address DROP, and a ServiceCIDR watch the
+		// ClusterRole does not allow must not hold back every Service.
+		if _, err := cidrs.informer.AddEventHandler(s.serviceCIDRHandler()); err != nil {
+			return fmt.Errorf("informer handler: %w", err)
+		}
+		cidrs.factory.Start(ctx.Done())
+	}
 	proxied.Start(ctx.Done())
 	ownNode.Start(ctx.Done())
 
@@ -161,6 +177,61 @@ func (s *InformerSource) Start(ctx context.Context, onEvent func(Event)) error {
 	}
 	s.synced.Store(true)
 	return nil
+}
+
+// serviceCIDRWatch is the ServiceCIDR informer and its factory.
+type serviceCIDRWatch struct {
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+}
+
+// serviceCIDRInformer returns the ServiceCIDR informer, or nil when the API
+// server does not serve networking.k8s.io/v1 servicecidrs (before v1.33,
+// or with the API disabled): then the configured ranges are all there is,
+// which is logged once. A failed watch is logged each time its error
+// changes (typically a ClusterRole without servicecidrs).
+func (s *InformerSource) serviceCIDRInformer(ctx context.Context) (*serviceCIDRWatch, error) {
+	gv := networkingv1.SchemeGroupVersion.String()
+	res, err := s.client.Discovery().ServerResourcesForGroupVersion(gv)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && !servesResource(res, "servicecidrs"):
+		s.log.Info("The API server does not serve ServiceCIDRs; the unallocated service address DROP uses --service-cluster-ip-range only",
+			"groupVersion", gv)
+		return nil, nil
+	case err != nil:
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("informer source: %w", context.Cause(ctx))
+		}
+		// Watch anyway: a discovery hiccup must not turn the ranges off.
+		s.log.Warn("Cannot discover ServiceCIDRs; watching them anyway", "err", err)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.ResyncPeriod, informers.WithTransform(TrimObject))
+	inf := f.Networking().V1().ServiceCIDRs().Informer()
+	var last string
+	var mu sync.Mutex
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if msg := err.Error(); msg != last {
+			last = msg
+			s.log.Warn("ServiceCIDR watch failed; retrying (the unallocated service address DROP keeps the ranges it has)", "err", err)
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("ServiceCIDR informer: %w", err)
+	}
+	return &serviceCIDRWatch{factory: f, informer: inf}, nil
+}
+
+func servesResource(res *metav1.APIResourceList, name string) bool {
+	if res == nil {
+		return false
+	}
+	for _, r := range res.APIResources {
+		if r.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // HasSynced reports whether Start has seen every initial list.
@@ -339,6 +410,34 @@ func (s *InformerSource) nodeHandler() cache.ResourceEventHandler {
 	}
 }
 
+func (s *InformerSource) serviceCIDRHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if c, ok := unwrap[*networkingv1.ServiceCIDR](obj); ok {
+				s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRAdd(c)})
+			} else {
+				s.unexpected("ServiceCIDR", obj)
+			}
+		},
+		UpdateFunc: func(oldObj, obj any) {
+			old, ok1 := unwrap[*networkingv1.ServiceCIDR](oldObj)
+			c, ok2 := unwrap[*networkingv1.ServiceCIDR](obj)
+			if !ok1 || !ok2 {
+				s.unexpected("ServiceCIDR", obj)
+				return
+			}
+			s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRUpdate(old, c)})
+		},
+		DeleteFunc: func(obj any) {
+			if c, ok := unwrap[*networkingv1.ServiceCIDR](obj); ok {
+				s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRDelete(c)})
+			} else {
+				s.unexpected("ServiceCIDR", obj)
+			}
+		},
+	}
+}
+
 // triggerTime reads the EndpointSlice controller's
 // endpoints.kubernetes.io/last-change-trigger-time annotation (RFC 3339):
 // when the Pod or Service change that produced this slice happened.
@@ -378,6 +477,10 @@ func TrimObject(obj any) (any, error) {
 		o.ManagedFields = nil
 		o.Annotations = nil
 		o.Status = v1.NodeStatus{Addresses: o.Status.Addresses}
+	case *networkingv1.ServiceCIDR:
+		o.ManagedFields = nil
+		o.Annotations = nil
+		o.Status = networkingv1.ServiceCIDRStatus{}
 	}
 	return obj, nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -493,5 +494,57 @@ func TestInformerEndpointSelection(t *testing.T) {
 	})
 	if sp := portOf(st, "web"); got(sp.LocalEndpoints) != "10.0.0.4" || sp.LocalReady != 0 {
 		t.Fatalf("local set %s, LocalReady %d: want the serving-terminating one, counted 0", got(sp.LocalEndpoints), sp.LocalReady)
+	}
+}
+
+// ServiceCIDRs are watched when the API server serves them: the initial
+// list reaches the first Build, later changes come as events. Without the
+// resource, the source starts as before and the configured ranges stay.
+func TestInformerServiceCIDRs(t *testing.T) {
+	t.Run("served", func(t *testing.T) {
+		w := newInformerWorld(t, testConfig(), serviceCIDR("kubernetes", "10.96.0.0/16"))
+		w.client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
+			APIResources: []metav1.APIResource{{Name: "servicecidrs", Kind: "ServiceCIDR"}}}}
+		w.start()
+		w.waitWatches1()
+		w.waitFor("the listed range", func(st *model.State) bool {
+			return slices.Equal(st.ServiceCIDRs, prefixes("10.96.0.0/16"))
+		})
+		cidrs := w.client.NetworkingV1().ServiceCIDRs()
+		if _, err := cidrs.Create(w.ctx, serviceCIDR("extra", "10.100.0.0/24"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.waitFor("the created range", func(st *model.State) bool {
+			return slices.Equal(st.ServiceCIDRs, prefixes("10.96.0.0/16", "10.100.0.0/24"))
+		})
+		if err := cidrs.Delete(w.ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.waitFor("the deletion", func(st *model.State) bool {
+			return slices.Equal(st.ServiceCIDRs, prefixes("10.100.0.0/24"))
+		})
+		if evs := w.eventsOf("ServiceCIDR"); len(evs) != 2 || !evs[0].Changed || !evs[1].Changed {
+			t.Fatalf("events %+v, want the create and the delete (the initial list is not reported)", evs)
+		}
+	})
+	t.Run("not served", func(t *testing.T) {
+		cfg := testConfig()
+		cfg.ServiceCIDRs = prefixes("10.96.0.0/16")
+		w := newInformerWorld(t, cfg, serviceCIDR("kubernetes", "10.200.0.0/16"))
+		w.start()
+		if got := w.tracker.Build().State.ServiceCIDRs; !slices.Equal(got, prefixes("10.96.0.0/16")) {
+			t.Fatalf("ranges %v, want the configured one only", got)
+		}
+	})
+}
+
+// waitWatches1 waits for a fourth watch (the ServiceCIDRs', which start
+// needs not wait for).
+func (w *informerWorld) waitWatches1() {
+	w.t.Helper()
+	select {
+	case <-w.watching:
+	case <-time.After(5 * time.Second):
+		w.t.Fatal("the ServiceCIDR informer never started watching")
 	}
 }

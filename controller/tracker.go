@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -39,6 +40,13 @@ type Tracker struct {
 	// orphans are slices without that label, reported until they go away.
 	orphans map[types.NamespacedName]Problem
 	node    *v1.Node
+	// cidrObjs are the ServiceCIDR objects' ranges by name, and
+	// serviceCIDRs the effective ranges (servicecidr.go); cidrsChanged
+	// says the next Build must write them.
+	cidrObjs     map[string][]netip.Prefix
+	cidrProblems map[string][]Problem
+	serviceCIDRs []netip.Prefix
+	cidrsChanged bool
 
 	// dirty Services are recomputed by the next Build; full recomputes the
 	// node view and every Service.
@@ -90,17 +98,21 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	cfg.ServiceCIDRs = slices.Clone(cfg.ServiceCIDRs)
 	cfg.PodCIDRs = slices.Clone(cfg.PodCIDRs)
 	cfg.NodeAddresses = slices.Clone(cfg.NodeAddresses)
-	return &Tracker{
-		cfg:      cfg,
-		services: make(map[types.NamespacedName]*v1.Service),
-		slices:   make(map[types.NamespacedName]*Slice),
-		bySvc:    make(map[types.NamespacedName][]*Slice),
-		orphans:  make(map[types.NamespacedName]Problem),
-		dirty:    make(map[types.NamespacedName]bool),
-		built:    make(map[types.NamespacedName]builtService),
-		faulty:   make(map[types.NamespacedName]bool),
-		full:     true,
-	}, nil
+	t := &Tracker{
+		cfg:          cfg,
+		services:     make(map[types.NamespacedName]*v1.Service),
+		slices:       make(map[types.NamespacedName]*Slice),
+		bySvc:        make(map[types.NamespacedName][]*Slice),
+		orphans:      make(map[types.NamespacedName]Problem),
+		cidrObjs:     make(map[string][]netip.Prefix),
+		cidrProblems: make(map[string][]Problem),
+		dirty:        make(map[types.NamespacedName]bool),
+		built:        make(map[types.NamespacedName]builtService),
+		faulty:       make(map[types.NamespacedName]bool),
+		full:         true,
+	}
+	t.recomputeServiceCIDRs()
+	return t, nil
 }
 
 func (t *Tracker) OnServiceAdd(svc *v1.Service) bool       { return t.upsertService(svc) }
@@ -150,7 +162,7 @@ func (t *Tracker) ForceFullSync() {
 func (t *Tracker) Pending() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.full || len(t.dirty) > 0
+	return t.full || len(t.dirty) > 0 || t.cidrsChanged
 }
 
 func nameOf(o metav1.Object) types.NamespacedName {
@@ -287,7 +299,7 @@ func (t *Tracker) Build() Sync {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	full := t.full || t.state == nil
-	if !full && len(t.dirty) == 0 {
+	if !full && len(t.dirty) == 0 && !t.cidrsChanged {
 		return Sync{State: t.state, Problems: t.problems()}
 	}
 	if full {
@@ -305,8 +317,10 @@ func (t *Tracker) Build() Sync {
 	}
 	t.dirty = make(map[types.NamespacedName]bool) // not clear: it costs what the map once held
 	t.full = false
+	t.cidrsChanged = false
 
 	header := t.env.newState(0)
+	header.ServiceCIDRs = slices.Clone(t.serviceCIDRs)
 	if t.state != nil && len(changed) == 0 && sameHeader(t.state, header) {
 		return Sync{State: t.state, Problems: t.problems(), Full: full}
 	}
@@ -386,6 +400,9 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 
 func (t *Tracker) problems() []Problem {
 	out := slices.Clone(t.envProblems)
+	for _, ps := range t.cidrProblems {
+		out = append(out, ps...)
+	}
 	for _, p := range t.orphans {
 		out = append(out, p)
 	}

@@ -47,7 +47,7 @@ func (a access) String() string {
 }
 
 // needed is everything the agent does (informers on Services,
-// EndpointSlices and its Node; the "Starting" Event on its Node in both
+// EndpointSlices, ServiceCIDRs and its Node; the "Starting" Event on its Node in both
 // Event APIs), each as the real request.
 var needed = []access{
 	{"list", "", "services", func(ctx context.Context, c kubernetes.Interface) error {
@@ -63,6 +63,13 @@ var needed = []access{
 	}},
 	{"watch", "discovery.k8s.io", "endpointslices", func(ctx context.Context, c kubernetes.Interface) error {
 		return watch(c.DiscoveryV1().EndpointSlices("").Watch(ctx, shortWatch()))
+	}},
+	{"list", "networking.k8s.io", "servicecidrs", func(ctx context.Context, c kubernetes.Interface) error {
+		_, err := c.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+		return err
+	}},
+	{"watch", "networking.k8s.io", "servicecidrs", func(ctx context.Context, c kubernetes.Interface) error {
+		return watch(c.NetworkingV1().ServiceCIDRs().Watch(ctx, shortWatch()))
 	}},
 	{"get", "", "nodes", func(ctx context.Context, c kubernetes.Interface) error {
 		_, err := c.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})

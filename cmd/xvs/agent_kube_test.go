@@ -19,6 +19,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -412,6 +413,76 @@ func TestPrivKubeAgent(t *testing.T) {
 		time.Sleep(time.Second)
 		if n, _ := w.vipBackends(netip.MustParseAddr("172.30.0.13"), 80); n != -1 {
 			t.Fatalf("a Service labelled for another proxy was programmed (%d backends)", n)
+		}
+	})
+
+	t.Run("service CIDRs", func(t *testing.T) {
+		// No --service-cluster-ip-range: the ranges come from the API
+		// server's ServiceCIDR objects. Its own "kubernetes" one holds
+		// 172.30.0.0/24, so an address there that no Service has is
+		// dropped; an extra ServiceCIDR created now extends the drop, and
+		// its deletion ends it.
+		unallocated := netip.AddrPortFrom(netip.MustParseAddr("172.30.0.200"), 80)
+		extra := netip.AddrPortFrom(netip.MustParseAddr("172.31.0.9"), 80)
+		dropped := func() uint64 {
+			t.Helper()
+			m, err := maps.OpenPinned(w.PinPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			snap, err := m.Read(true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return snap.Verdicts["drop_unallocated_service_ip"].PacketsIn
+		}
+		probe := func(dst netip.AddrPort) lab.Result {
+			return lab.ProbeTCP(w.Client, harness.DemoClientIP, dst, time.Second)
+		}
+		before := dropped()
+		if r := probe(unallocated); r.Verdict != lab.Timeout || dropped() == before {
+			t.Fatalf("unallocated %s in the API server's ServiceCIDR: %v, drops %d -> %d; want TIMEOUT, counted",
+				unallocated, r, before, dropped())
+		}
+		// Outside every range the node answers as it would without xvs.
+		if r := probe(extra); r.Verdict == lab.Timeout {
+			t.Fatalf("%s before its ServiceCIDR exists: %v, want the node's own answer", extra, r)
+		}
+		cidrs := w.client.NetworkingV1().ServiceCIDRs()
+		if _, err := cidrs.Create(w.ctx, &networkingv1.ServiceCIDR{
+			ObjectMeta: metav1.ObjectMeta{Name: "extra"},
+			Spec:       networkingv1.ServiceCIDRSpec{CIDRs: []string{"172.31.0.0/24"}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitVerdict := func(what string, want func(lab.Result) bool) {
+			t.Helper()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				r := probe(extra)
+				if want(r) {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %s: %v", what, extra, r)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		before = dropped()
+		waitVerdict("after the ServiceCIDR was created", func(r lab.Result) bool { return r.Verdict == lab.Timeout })
+		if dropped() == before {
+			t.Fatal("the extra range's probe timed out without a drop_unallocated_service_ip count")
+		}
+		if err := cidrs.Delete(w.ctx, "extra", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The API server lets it go once no Service holds an address in
+		// it (its finalizer); then the drop ends.
+		waitVerdict("after the ServiceCIDR was deleted", func(r lab.Result) bool { return r.Verdict != lab.Timeout })
+		if r := probe(unallocated); r.Verdict != lab.Timeout {
+			t.Fatalf("the API server's own range after the extra one left: %v, want TIMEOUT", r)
 		}
 	})
 
