@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -80,10 +80,8 @@ test: deps generate-check lint apiserver kube-proxy
 	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
 	[ $$rc -eq 0 ] && [ $$brc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
-	$(MAKE) vmtest KERNEL=6.1
-	$(MAKE) vmtest KERNEL=6.12
-	$(MAKE) conformance-vm-ebpf KERNEL=6.1
-	$(MAKE) conformance-vm-ipvs KERNEL=6.12
+	$(MAKE) vmtest-corpus KERNEL=6.1 MODE=ebpf
+	$(MAKE) vmtest-corpus KERNEL=6.12 MODE=ipvs
 
 # What the kernel's verifier spends on each program (bpf/README.md).
 verifier-stats:
@@ -98,6 +96,11 @@ endif
 KERNEL ?= 6.12
 vmtest:
 	./hack/vm/vm.sh test $(KERNEL)
+
+# vmtest, then the whole corpus in MODE, in one boot of the VM (make test:
+# 6.1 with ebpf, 6.12 with ipvs); results in bin/conformance-MODE-vmKERNEL.json.
+vmtest-corpus: build
+	./hack/vm/vm.sh test $(KERNEL) -- './$(BIN) conformance run $(CORPUS) --mode $(MODE) --json bin/conformance-$(MODE)-vm$(KERNEL).json'
 
 # The real kube-apiserver + etcd of the integration tests (test/apiserver,
 # its own Go module), built once into a cache outside the repository

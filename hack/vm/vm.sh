@@ -248,9 +248,19 @@ cmd_run() {
 	return "$rc"
 }
 
-# cmd_test KERNEL: the privileged suites (TestPriv*) of VM_SUITES, in the VM.
+# cmd_test KERNEL [-- CMD]: the privileged suites (TestPriv*) of VM_SUITES,
+# in the VM; CMD (run from /host whatever the suites did) follows them in the
+# same boot, which saves a boot and the guest's setup (make test runs the
+# conformance corpus this way).
 cmd_test() {
-	local kernel=$1 files pkg name script
+	local kernel=$1 files pkg name script then="" timeout=1500
+	shift
+	if [ $# -gt 0 ]; then
+		[ "$1" = "--" ] && [ $# -ge 2 ] || die "usage: vm.sh test KERNEL [-- CMD]"
+		shift
+		then="$*"
+		timeout=3900
+	fi
 	cmd_deps
 	files=$(mktemp -d /tmp/xvs-vmtest.XXXXXX)
 	# shellcheck disable=SC2064
@@ -262,11 +272,14 @@ cmd_test() {
 		(cd "$REPO" && CGO_ENABLED=0 go test -c -vet=off -o "$files/$name.test" "$pkg")
 		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '$VM_RUN' -test.skip '$VM_SKIP' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
 	done
+	if [ -n "$then" ]; then
+		script+="; echo '=== then (the command after the suites)'; cd /host && { $then; } || { echo '=== then FAILED'; fail=1; }"
+	fi
 	script+="; exit \$fail"
-	VM_FILES=$files cmd_run "$kernel" --share "$REPO" -- "$script"
+	VM_FILES=$files cmd_run "$kernel" --share "$REPO" --timeout "$timeout" -- "$script"
 }
 
-[ $# -ge 1 ] || die "usage: vm.sh deps | kernel K | image K | run K [opts] -- CMD | test K"
+[ $# -ge 1 ] || die "usage: vm.sh deps | kernel K | image K | run K [opts] -- CMD | test K [-- CMD]"
 sub=$1
 shift
 case $sub in
@@ -274,6 +287,6 @@ deps) cmd_deps ;;
 kernel) [ $# -eq 1 ] || die "usage: vm.sh kernel KERNEL"; cmd_kernel "$1" ;;
 image) [ $# -eq 1 ] || die "usage: vm.sh image KERNEL"; cmd_image "$1" ;;
 run) [ $# -ge 1 ] || die "usage: vm.sh run KERNEL -- CMD"; cmd_run "$@" ;;
-test) [ $# -eq 1 ] || die "usage: vm.sh test KERNEL"; cmd_test "$1" ;;
+test) [ $# -ge 1 ] || die "usage: vm.sh test KERNEL [-- CMD]"; cmd_test "$@" ;;
 *) die "unknown command $sub" ;;
 esac
