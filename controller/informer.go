@@ -323,32 +323,55 @@ func (s *InformerSource) unexpected(what string, obj any) {
 	s.log.Error("Unexpected object from informer; ignored", "informer", what, "type", fmt.Sprintf("%T", obj))
 }
 
-func (s *InformerSource) serviceHandler() cache.ResourceEventHandler {
+// typedHandler adapts a kind's typed On* methods to an informer handler:
+// notifications are unwrapped to T (tombstones too), and each call is
+// reported as the Event ev makes of the object after it (nil-valued
+// after a delete) and the Handler's verdict.
+func typedHandler[T comparable](s *InformerSource, kind string, add func(T) bool, update func(old, o T) bool,
+	del func(T) bool, ev func(o T, changed bool) Event) cache.ResourceEventHandler {
+	var none T
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if svc, ok := unwrap[*v1.Service](obj); ok {
-				s.emit(Event{Kind: "Service", Changed: s.h.OnServiceAdd(svc)})
+			if o, ok := unwrap[T](obj); ok {
+				s.emit(ev(o, add(o)))
 			} else {
-				s.unexpected("Service", obj)
+				s.unexpected(kind, obj)
 			}
 		},
 		UpdateFunc: func(oldObj, obj any) {
-			old, ok1 := unwrap[*v1.Service](oldObj)
-			svc, ok2 := unwrap[*v1.Service](obj)
+			old, ok1 := unwrap[T](oldObj)
+			o, ok2 := unwrap[T](obj)
 			if !ok1 || !ok2 {
-				s.unexpected("Service", obj)
+				s.unexpected(kind, obj)
 				return
 			}
-			s.emit(Event{Kind: "Service", Changed: s.h.OnServiceUpdate(old, svc)})
+			s.emit(ev(o, update(old, o)))
 		},
 		DeleteFunc: func(obj any) {
-			if svc, ok := unwrap[*v1.Service](obj); ok {
-				s.emit(Event{Kind: "Service", Changed: s.h.OnServiceDelete(svc)})
+			if o, ok := unwrap[T](obj); ok {
+				s.emit(ev(none, del(o)))
 			} else {
-				s.unexpected("Service", obj)
+				s.unexpected(kind, obj)
 			}
 		},
 	}
+}
+
+func (s *InformerSource) serviceHandler() cache.ResourceEventHandler {
+	return typedHandler(s, "Service", s.h.OnServiceAdd, s.h.OnServiceUpdate, s.h.OnServiceDelete,
+		func(_ *v1.Service, changed bool) Event { return Event{Kind: "Service", Changed: changed} })
+}
+
+func (s *InformerSource) nodeHandler() cache.ResourceEventHandler {
+	return typedHandler(s, "Node", s.h.OnNodeAdd, s.h.OnNodeUpdate, s.h.OnNodeDelete,
+		func(n *v1.Node, changed bool) Event { return Event{Kind: "Node", Changed: changed, Node: n} })
+}
+
+func (s *InformerSource) serviceCIDRHandler() cache.ResourceEventHandler {
+	return typedHandler(s, "ServiceCIDR", s.h.OnServiceCIDRAdd, s.h.OnServiceCIDRUpdate, s.h.OnServiceCIDRDelete,
+		func(_ *networkingv1.ServiceCIDR, changed bool) Event {
+			return Event{Kind: "ServiceCIDR", Changed: changed}
+		})
 }
 
 func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
@@ -377,62 +400,6 @@ func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
 				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnSliceDelete(es), AddressType: es.AddressType})
 			} else {
 				s.unexpected("EndpointSlice", obj)
-			}
-		},
-	}
-}
-
-func (s *InformerSource) nodeHandler() cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if n, ok := unwrap[*v1.Node](obj); ok {
-				s.emit(Event{Kind: "Node", Changed: s.h.OnNodeAdd(n), Node: n})
-			} else {
-				s.unexpected("Node", obj)
-			}
-		},
-		UpdateFunc: func(oldObj, obj any) {
-			old, ok1 := unwrap[*v1.Node](oldObj)
-			n, ok2 := unwrap[*v1.Node](obj)
-			if !ok1 || !ok2 {
-				s.unexpected("Node", obj)
-				return
-			}
-			s.emit(Event{Kind: "Node", Changed: s.h.OnNodeUpdate(old, n), Node: n})
-		},
-		DeleteFunc: func(obj any) {
-			if n, ok := unwrap[*v1.Node](obj); ok {
-				s.emit(Event{Kind: "Node", Changed: s.h.OnNodeDelete(n)})
-			} else {
-				s.unexpected("Node", obj)
-			}
-		},
-	}
-}
-
-func (s *InformerSource) serviceCIDRHandler() cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if c, ok := unwrap[*networkingv1.ServiceCIDR](obj); ok {
-				s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRAdd(c)})
-			} else {
-				s.unexpected("ServiceCIDR", obj)
-			}
-		},
-		UpdateFunc: func(oldObj, obj any) {
-			old, ok1 := unwrap[*networkingv1.ServiceCIDR](oldObj)
-			c, ok2 := unwrap[*networkingv1.ServiceCIDR](obj)
-			if !ok1 || !ok2 {
-				s.unexpected("ServiceCIDR", obj)
-				return
-			}
-			s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRUpdate(old, c)})
-		},
-		DeleteFunc: func(obj any) {
-			if c, ok := unwrap[*networkingv1.ServiceCIDR](obj); ok {
-				s.emit(Event{Kind: "ServiceCIDR", Changed: s.h.OnServiceCIDRDelete(c)})
-			} else {
-				s.unexpected("ServiceCIDR", obj)
 			}
 		},
 	}
