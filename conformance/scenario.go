@@ -30,7 +30,7 @@ import (
 // Scenario is one file: one node's view of a cluster, the Kubernetes
 // objects that exist, and probes with the outcome the semantics require.
 type Scenario struct {
-	Version     int                   `json:"version"` // 1 (default) or 2
+	Version     int                   `json:"version"` // 1 (default), 2 or 3
 	Name        string                `json:"name"`
 	Description string                `json:"description"`
 	Node        NodeSpec              `json:"node"`
@@ -458,11 +458,13 @@ type objKey struct {
 	Kind, Namespace, Name string
 }
 
-// supportedKinds are the kinds FORMAT.md allows in objects.
+// supportedKinds are the kinds FORMAT.md allows in objects (ServiceCIDR
+// from version 3 on: the validator checks the version).
 var supportedKinds = map[string]string{
 	"Service":       "v1",
 	"EndpointSlice": "discovery.k8s.io/v1",
 	"Node":          "v1",
+	"ServiceCIDR":   "networking.k8s.io/v1",
 }
 
 func keyOf(raw json.RawMessage) (objKey, error) {
@@ -482,7 +484,7 @@ func keyOf(raw json.RawMessage) (objKey, error) {
 	case m.Kind == "":
 		return objKey{}, errors.New("kind is required")
 	case !ok:
-		return objKey{}, fmt.Errorf("kind %q: only Service, EndpointSlice and Node", m.Kind)
+		return objKey{}, fmt.Errorf("kind %q: only Service, EndpointSlice, Node and (version 3) ServiceCIDR", m.Kind)
 	case m.APIVersion != want:
 		return objKey{}, fmt.Errorf("%s: apiVersion %q, want %s", m.Kind, m.APIVersion, want)
 	case m.Metadata.Name == "":
@@ -491,10 +493,10 @@ func keyOf(raw json.RawMessage) (objKey, error) {
 	return objKey{m.Kind, namespaceOf(m.Kind, m.Metadata.Namespace), m.Metadata.Name}, nil
 }
 
-// namespaceOf applies kubectl's rules: Nodes are cluster-scoped, other
-// objects default to "default".
+// namespaceOf applies kubectl's rules: Nodes and ServiceCIDRs are
+// cluster-scoped, other objects default to "default".
 func namespaceOf(kind, ns string) string {
-	if kind == "Node" {
+	if kind == "Node" || kind == "ServiceCIDR" {
 		return ""
 	}
 	if ns == "" {

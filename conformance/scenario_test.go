@@ -95,10 +95,14 @@ func TestParseMalformed(t *testing.T) {
 		{"unknown mode", "modes: [bpf, ipvs]", "modes: [iptables]", "unknown mode"},
 		{"override without why", "why: because", "why: ''", "why is required"},
 		{"override of unknown probe", "probe: p2,", "probe: p9,", `no probe named "p9"`},
-		{"unsupported kind", "kind: Service", "kind: Pod", "only Service, EndpointSlice and Node"},
+		{"unsupported kind", "kind: Service", "kind: Pod", "only Service, EndpointSlice, Node"},
 		{"wrong apiVersion", "- apiVersion: v1\n  kind: Service", "- apiVersion: apps/v1\n  kind: Service", "apiVersion"},
 		{"bad CIDR", "podCIDRs: [10.0.0.0/8]", "podCIDRs: [10.0.0.0/33]", "cluster.podCIDRs"},
 		{"not YAML", "node:", "node: [", "YAML"},
+		{"ServiceCIDR before version 3", "objects:\n",
+			"objects:\n- {apiVersion: networking.k8s.io/v1, kind: ServiceCIDR, metadata: {name: c}, spec: {cidrs: [10.96.0.0/16]}}\n",
+			"objects[0]: kind ServiceCIDR needs version: 3"},
+		{"version 4", "name: svc-basic", "version: 4\nname: svc-basic", "reads versions 1, 2 and 3"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			doc := strings.Replace(base, c.old, c.new, 1)

@@ -25,6 +25,8 @@ import (
 const (
 	Version1 = 1
 	Version2 = 2
+	// Version3 adds ServiceCIDR objects; every version 2 field stays.
+	Version3 = 3
 )
 
 // Transfer is a probe's bulk data: each try moves Download bytes from the

@@ -76,7 +76,7 @@ func TestParseV2Malformed(t *testing.T) {
 	}{
 		{"v2 field in a v1 file", "version: 2\n", "", "transfer need version: 2"},
 		{"session in a v1 file", "version: 2\n", "version: 1\n", "session need version: 2"},
-		{"unknown version", "version: 2", "version: 3", "versions 1 and 2"},
+		{"unknown version", "version: 2", "version: 9", "versions 1, 2 and 3"},
 		{"typo in transfer", "download: 20MiB", "downlaod: 20MiB", `unknown field "downlaod"`},
 		{"bad size", "download: 20MiB", "download: 20 parsecs", "want e.g. 1500"},
 		{"size over 1GiB", "download: 20MiB", "download: 2GiB", "over 1GiB"},

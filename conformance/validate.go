@@ -59,6 +59,7 @@ func (s *Scenario) validate() error {
 			v.bad("objects[%d]: %v", i, err)
 			continue
 		}
+		v.needV3Kind(fmt.Sprintf("objects[%d]", i), k)
 		v.objs[k] = true
 	}
 	if len(s.Probes) > 0 && len(s.Steps) > 0 {
@@ -79,9 +80,9 @@ func (s *Scenario) validate() error {
 func (v *validator) header() {
 	s := v.s
 	switch s.Version {
-	case 0, Version1, Version2:
+	case 0, Version1, Version2, Version3:
 	default:
-		v.bad("version %d: this runner reads versions 1 and 2", s.Version)
+		v.bad("version %d: this runner reads versions 1, 2 and 3", s.Version)
 	}
 	if s.Name == "" {
 		v.bad("name: required")
@@ -161,6 +162,7 @@ func (v *validator) step(where string, st *Step) {
 				v.bad("%s.apply[%d]: %v", where, j, err)
 				continue
 			}
+			v.needV3Kind(fmt.Sprintf("%s.apply[%d]", where, j), k)
 			v.objs[k] = true
 		}
 	case st.Delete != nil:
@@ -239,6 +241,13 @@ func (v *validator) step(where string, st *Step) {
 func (v *validator) needV2(where string, fields []string) {
 	if len(fields) > 0 && v.s.Version < Version2 {
 		v.bad("%s: %s need version: 2", where, strings.Join(fields, ", "))
+	}
+}
+
+// needV3Kind refuses a ServiceCIDR object in a file before version 3.
+func (v *validator) needV3Kind(where string, k objKey) {
+	if k.Kind == "ServiceCIDR" && v.s.Version < Version3 {
+		v.bad("%s: kind ServiceCIDR needs version: 3", where)
 	}
 }
 
