@@ -43,7 +43,8 @@ GUEST_ON_DEMAND_MODULES=(sctp)
 # Module directories copied whole, so the kernel can autoload what a rule or
 # qdisc asks for (nft expressions, xtables matches, classifiers).
 GUEST_MODULE_DIRS=(net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/sched net/bridge)
-# Packages whose privileged tests run in the VM.
+# Packages whose privileged tests run in the VM; ./pkg=REGEX narrows one of
+# them to REGEX's tests (go test -run) instead of VM_RUN's.
 VM_SUITES=${VM_SUITES:-./maps ./cmd/xvs ./ipvs}
 # The tests run of each suite (go test -run).
 VM_RUN=${VM_RUN:-^TestPriv}
@@ -253,7 +254,7 @@ cmd_run() {
 # same boot, which saves a boot and the guest's setup (make test runs the
 # conformance corpus this way).
 cmd_test() {
-	local kernel=$1 files pkg name script then="" timeout=1500
+	local kernel=$1 files suite pkg run name script then="" timeout=1500
 	shift
 	if [ $# -gt 0 ]; then
 		[ "$1" = "--" ] && [ $# -ge 2 ] || die "usage: vm.sh test KERNEL [-- CMD]"
@@ -266,11 +267,14 @@ cmd_test() {
 	# shellcheck disable=SC2064
 	trap "rm -rf '$files'" RETURN
 	script="set -u; fail=0"
-	for pkg in $VM_SUITES; do
+	for suite in $VM_SUITES; do
+		# ./pkg=REGEX runs REGEX's tests of that suite instead of VM_RUN's.
+		pkg=${suite%%=*} run=$VM_RUN
+		[ "$suite" != "$pkg" ] && run=${suite#*=}
 		name=$(echo "${pkg#./}" | tr / _)
 		log "go test -c $pkg"
 		(cd "$REPO" && CGO_ENABLED=0 go test -c -vet=off -o "$files/$name.test" "$pkg")
-		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '$VM_RUN' -test.skip '$VM_SKIP' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
+		script+="; echo '=== suite $pkg'; cd /host/${pkg#./} && /run/xvs-vm/$name.test -test.run '$run' -test.skip '$VM_SKIP' -test.v -test.count=1 -test.timeout=20m || { echo '=== suite $pkg FAILED'; fail=1; }"
 	done
 	if [ -n "$then" ]; then
 		script+="; echo '=== then (the command after the suites)'; cd /host && { $then; } || { echo '=== then FAILED'; fail=1; }"
