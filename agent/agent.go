@@ -43,6 +43,9 @@ import (
 type Options struct {
 	config.Options
 	mode modeFlags // --fallback, the ipvs mode's and the ebpf mode's own flags
+	// perBackendMetrics exports the per-backend series of the per-Service
+	// metrics (--metrics-per-backend).
+	perBackendMetrics bool
 }
 
 // settings is what the datapath start-up (datapath.go) reads: the resolved
@@ -85,6 +88,7 @@ func RouteKlog(log *slog.Logger, v int) {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Options.AddFlags(fs)
 	o.mode.register(fs)
+	fs.BoolVar(&o.perBackendMetrics, "metrics-per-backend", true, "export the per-Service metrics per backend too (xvs_backend_*: one series per frontend and backend; turn off on nodes with very many endpoints, docs/metrics.md)")
 }
 
 // Complete resolves the parsed fs and the --config file into the
@@ -261,6 +265,11 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: a.ccfg, kube: a.kube,
 	})
 	a.closers = append(a.closers, a.syncer.svcHealth.Close)
+	if read := frontendSamples(a.active.dp, a.syncer.summary.names); read != nil {
+		if err := a.metrics.RegisterServices(read, o.perBackendMetrics); err != nil {
+			return nil, err
+		}
+	}
 	a.runner = runner.New(runner.Config{MinInterval: c.IPVS.MinSyncPeriod.Duration, MaxInterval: c.IPVS.SyncPeriod.Duration,
 		RetryInterval: time.Second}, a.syncer.sync)
 	a.syncer.trigger = a.runner.Run

@@ -20,6 +20,9 @@ type stateSummary struct {
 	frontends [2]int            // by family: IPv4, IPv6
 	noLocal   map[[2]string]int // by (policy, family)
 	hcPorts   map[model.ServicePortName]*model.ServicePort
+	// names, when set, follows the frontends' owners for the per-Service
+	// metrics, which read it beside the sync loop (under its lock).
+	names *frontendNames
 }
 
 // update brings the summary to st: through st's delta when it starts at
@@ -27,6 +30,10 @@ type stateSummary struct {
 // previous State's map may be st's, updated in place), else by counting
 // every ServicePort.
 func (s *stateSummary) update(st *model.State) {
+	if s.names != nil {
+		s.names.mu.Lock()
+		defer s.names.mu.Unlock()
+	}
 	switch d := st.Delta; {
 	case s.last != nil && st.Generation != 0 && st.Generation == s.last.Generation:
 	case s.last != nil && s.last.Generation != 0 && d != nil && d.Since == s.last.Generation && len(d.Old) == len(d.Names):
@@ -39,7 +46,10 @@ func (s *stateSummary) update(st *model.State) {
 			}
 		}
 	default:
-		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}}
+		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}, names: s.names}
+		if s.names != nil {
+			s.names.reset()
+		}
 		for _, sp := range st.Services {
 			s.count(sp, 1)
 		}
@@ -49,6 +59,9 @@ func (s *stateSummary) update(st *model.State) {
 
 // count adds (by = 1) or takes away (by = -1) one ServicePort.
 func (s *stateSummary) count(sp *model.ServicePort, by int) {
+	if s.names != nil {
+		s.names.count(sp, by)
+	}
 	for _, f := range sp.Frontends {
 		s.frontends[familyIndex(f.Addr)] += by
 	}

@@ -36,13 +36,16 @@ func TestStateSummaryFollowsDeltas(t *testing.T) {
 			Delta: &model.Delta{Since: 2, Names: []model.ServicePortName{a.Name, b.Name}}},
 	}
 	states[2].Delta.Old = []*model.ServicePort{a, states[1].Services[b.Name]}
-	var s stateSummary
+	s := stateSummary{names: newFrontendNames()}
 	for i, st := range states {
 		s.update(st)
-		var fresh stateSummary
+		fresh := stateSummary{names: newFrontendNames()}
 		fresh.update(&model.State{Services: st.Services})
 		if s.frontends != fresh.frontends || !reflect.DeepEqual(s.healthCheckServices(), fresh.healthCheckServices()) {
 			t.Errorf("state %d: through deltas %+v %v, counted %+v %v", i+1, s.frontends, s.healthCheckServices(), fresh.frontends, fresh.healthCheckServices())
+		}
+		if !reflect.DeepEqual(s.names.by, fresh.names.by) {
+			t.Errorf("state %d: frontend names through deltas %v, counted %v", i+1, s.names.by, fresh.names.by)
 		}
 		for k, n := range fresh.noLocal {
 			if s.noLocal[k] != n {
@@ -65,5 +68,35 @@ func TestStateSummaryFollowsDeltas(t *testing.T) {
 	s.update(states[1]) // not a successor of state 3: counted again
 	if s.frontends != [2]int{2, 1} || len(s.hcPorts) != 2 {
 		t.Errorf("recount: frontends %v, health-checked ports %d", s.frontends, len(s.hcPorts))
+	}
+}
+
+// TestFrontendNames: a frontend is named after its ServicePort, and after
+// the first by name order when two claim it (the one both datapaths give
+// it to); when that one goes, the other takes the name.
+func TestFrontendNames(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.20")
+	sp := func(ns, name string, kind model.FrontendKind) *model.ServicePort {
+		return &model.ServicePort{Name: model.ServicePortName{Namespace: ns, Name: name, Port: "http", Protocol: model.TCP},
+			Frontends: []model.Frontend{{Kind: kind, Addr: vip, Port: 80, Proto: model.TCP}}}
+	}
+	b, a := sp("b", "web", model.ClusterIP), sp("a", "hijack", model.ExternalIP)
+	n := newFrontendNames()
+	n.count(b, 1)
+	n.count(a, 1)
+	key := netip.AddrPortFrom(vip, 80)
+	if o, ok := n.owner("TCP", key); !ok || o.name != a.Name || o.kind != model.ExternalIP {
+		t.Errorf("owner of a frontend claimed twice: %+v %v, want %v as ExternalIP", o, ok, a.Name)
+	}
+	if _, ok := n.owner("UDP", key); ok {
+		t.Error("the UDP frontend of the same address:port is named")
+	}
+	n.count(a, -1)
+	if o, ok := n.owner("TCP", key); !ok || o.name != b.Name || o.kind != model.ClusterIP {
+		t.Errorf("after the first claimant left: %+v %v, want %v", o, ok, b.Name)
+	}
+	n.count(b, -1)
+	if _, ok := n.owner("TCP", key); ok || len(n.by) != 0 {
+		t.Errorf("frontend still named after both left: %v", n.by)
 	}
 }

@@ -81,7 +81,8 @@ func newSyncer(cfg syncerConfig) *syncer {
 	if cfg.fullSyncPeriod == 0 {
 		cfg.fullSyncPeriod = defaultFullSyncPeriod
 	}
-	s := &syncer{syncerConfig: cfg, reported: map[controller.Problem]bool{}, dpProbs: map[string]bool{}}
+	s := &syncer{syncerConfig: cfg, reported: map[controller.Problem]bool{}, dpProbs: map[string]bool{},
+		summary: stateSummary{names: newFrontendNames()}}
 	m := cfg.metrics
 	// kube-proxy's health timeout is twice syncPeriod.
 	s.health = healthcheck.NewProxyHealth(2*cfg.syncPeriod, healthcheck.Counters{

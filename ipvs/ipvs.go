@@ -184,7 +184,11 @@ func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Dat
 // Mode names the datapath, as /proxyMode reports it.
 func (d *Datapath) Mode() string { return string(model.ModeIPVS) }
 
-// Problems lists what the last sync could not program as asked.
+// List reads the virtual servers this agent programmed, with the kernel's
+// counters (the per-Service metrics; `xvs list` reads the same through
+// List).
+func (d *Datapath) List() ([]ServiceView, error) { return List(d.cfg) }
+
 // RuleWriteFailures counts the syncs whose nftables rules could not be
 // written (kube-proxy's iptables-restore failures).
 func (d *Datapath) RuleWriteFailures() uint64 {
@@ -201,6 +205,7 @@ func (d *Datapath) ConntrackReconcileTime() time.Duration {
 	return d.ctTook
 }
 
+// Problems lists what the last sync could not program as asked.
 func (d *Datapath) Problems() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()

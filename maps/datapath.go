@@ -232,6 +232,16 @@ func (d *Datapath) recover() error {
 
 func (d *Datapath) Mode() string { return string(model.ModeEBPF) }
 
+// Snapshot reads what the maps serve (Maps.Read): the per-Service metrics
+// read it at every scrape. It reads the pinned maps only, never the sync's
+// bookkeeping, so it may run beside a Sync.
+func (d *Datapath) Snapshot(withStats bool) (*Snapshot, error) {
+	if d.m == nil {
+		return nil, fmt.Errorf("no loaded maps to read")
+	}
+	return d.m.Read(withStats)
+}
+
 // RecoveredFrontends is how many frontends (address, port, protocol) the
 // pinned maps held when this Datapath was created: what a restarted
 // agent finds programmed before its first sync.

@@ -65,7 +65,8 @@ func NewSingle(tag, bin string) (_ *Single, err error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := lab.StartEcho(pod, netip.AddrPortFrom(ip, DemoBackendPort)); err != nil {
+		// The bulk server also answers the echo probes.
+		if _, err := lab.StartBulk(pod, netip.AddrPortFrom(ip, DemoBackendPort)); err != nil {
 			return nil, err
 		}
 		s.Pods = append(s.Pods, pod)
