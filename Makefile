@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: dashboard image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -16,6 +16,7 @@ help:
 	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make image   the xvs OCI image as a docker-save tarball, bin/xvs-image.tar (no Docker engine)"
+	@echo "make dashboard   the Grafana dashboard (deploy/monitoring) over a live run, into docs/dashboard.png; checks its alerts fire (root)"
 	@echo "make e2e     one-node Kubernetes cluster in namespaces, xvs as its proxy, upstream e2e Services specs (root; docs/E2E.md)"
 	@echo "make build | build-node | generate | generate-check | lint | deps | clean"
 
@@ -65,6 +66,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags lab ./cmd/xvs
 	$(GO) -C hack/bench vet ./...
+	$(GO) -C hack/monitoring vet ./...
 	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h
 
 # Privileged tests (TestPriv*) need root: they fail, never skip, without it.
@@ -75,9 +77,9 @@ lint:
 # runs it, with ipvs mode, in the VM).
 test: deps generate-check lint apiserver kube-proxy
 	@mkdir -p bin
-	$(GO) -C hack/bench test -count=1 ./... > bin/bench-tests.log 2>&1 & bench=$$!; \
+	{ $(GO) -C hack/bench test -count=1 ./... && $(GO) -C hack/monitoring test -count=1 ./...; } > bin/bench-tests.log 2>&1 & bench=$$!; \
 	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...; rc=$$?; \
-	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
+	wait $$bench; brc=$$?; echo "go test ./... (hack/bench and hack/monitoring, their own modules):"; cat bin/bench-tests.log; \
 	[ $$rc -eq 0 ] && [ $$brc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) vmtest-corpus KERNEL=6.1 MODE=ebpf
@@ -120,6 +122,14 @@ apiserver:
 test-unit:
 	$(GO) test -count=1 -run 'Test[^P]' ./...
 	$(GO) -C hack/bench test -count=1 -run 'Test[^P]' ./...
+	$(GO) -C hack/monitoring test -count=1 -run 'Test[^P]' ./...
+
+# The Grafana dashboard of deploy/monitoring over a live run (an agent, real
+# traffic, a Service that loses its endpoints), rendered from Prometheus's
+# own queries into docs/dashboard.png; the same run checks that the alerts
+# fire (hack/monitoring). Root.
+dashboard:
+	$(GO) -C hack/monitoring test -count=1 -run '^TestPrivDashboardLive$$' -v . -args -dashboard-png $(CURDIR)/docs/dashboard.png
 
 # Any directory of conformance scenarios (conformance/FORMAT.md) against one
 # datapath mode, with real traffic in namespaces (root). Results go to

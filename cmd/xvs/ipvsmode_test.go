@@ -430,6 +430,15 @@ func TestPrivIPVSFallback(t *testing.T) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
 		}
 	}
+	// The per-Service metrics, from the kernel's IPVS counters, name the
+	// Service: the 15 connections above, and the three real servers.
+	web := `{frontend="172.30.0.10:80",kind="ClusterIP",namespace="demo",port="http",protocol="TCP",service="web"}`
+	if n := metricValue(body, "xvs_service_connections_total"+web); n < 15 {
+		t.Errorf("xvs_service_connections_total%s = %v, want at least the 15 connections made", web, n)
+	}
+	if n := metricValue(body, "xvs_service_backends"+web); n != 3 {
+		t.Errorf("xvs_service_backends%s = %v, want 3", web, n)
+	}
 
 	// Back to ebpf: the agent removes the virtual servers, VIPs and rules.
 	if err := w.Agent.Stop(5 * time.Second); err != nil {
