@@ -36,9 +36,10 @@ func requirePrivilege(t testing.TB) {
 
 // env is a loaded datapath with maps under a private pin path.
 type env struct {
-	objs *loader.Objects
-	m    *maps.Maps
-	dp   *maps.Datapath
+	objs    *loader.Objects
+	m       *maps.Maps
+	dp      *maps.Datapath
+	pinPath string
 }
 
 var envSeq atomic.Int64
@@ -70,7 +71,7 @@ func newEnvMaps(t testing.TB, cfg loader.Config, mc maps.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{objs: objs, m: m, dp: dp}
+	return &env{objs: objs, m: m, dp: dp, pinPath: cfg.PinPath}
 }
 
 func sanitize(s string) string {

@@ -28,6 +28,12 @@ type (
 	CtState   = XvsXvsCtState
 	IfAddrs   = XvsXvsIfAddrs
 	PortRange = XvsXvsPortRange
+	Event     = XvsXvsEvent
+	Hook      = XvsXvsHook
+	// MonitorSettings and MonitorBucket are the drop monitor's switch and
+	// per-CPU rate limiter (lib/monitor.h).
+	MonitorSettings = XvsXvsMonitorSettings
+	MonitorBucket   = XvsXvsMonitorBucket
 )
 
 const (

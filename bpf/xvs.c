@@ -30,6 +30,7 @@
 
 #include "lib/flow.h"
 #include "lib/icmp.h"
+#include "lib/monitor.h"
 #include "lib/parse.h"
 #include "lib/reject.h"
 #include "lib/sock.h"
@@ -187,7 +188,6 @@ SEC("xdp")
 int xvs_xdp(struct xdp_md *ctx)
 {
 	struct flow_scratch *sc = flow_scratch();
-	__u32 len = ctx->data_end - ctx->data;
 
 	if (!sc)
 		return XDP_PASS;
@@ -196,7 +196,10 @@ int xvs_xdp(struct xdp_md *ctx)
 
 	if (!xdp_parse(ctx, p))
 		return XDP_PASS;
-	sc->res.len = len;
+	/* The frame's length, kept in the scratch space (a pointer
+	 * difference held across the calls below would be spilled, which
+	 * the verifier refuses). */
+	sc->res.len = ctx->data_end - ctx->data;
 	/* Room for the mark first: without it, tc must do everything. */
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct xvs_xdp_meta)))
 		return XDP_PASS;
@@ -213,7 +216,8 @@ int xvs_xdp(struct xdp_md *ctx)
 		if (xdp_too_big(ctx, p, &sc->res.rw))
 			return XDP_PASS;
 		if (!xdp_rewrite(ctx, p, &sc->res.rw)) {
-			stats_verdict(XVS_V_DROP_REWRITE, len);
+			stats_verdict(XVS_V_DROP_REWRITE, sc->res.len);
+			monitor_event(XVS_V_DROP_REWRITE, XVS_HOOK_XDP);
 			return XDP_DROP;
 		}
 		meta = (void *)(long)ctx->data_meta;
@@ -221,10 +225,12 @@ int xvs_xdp(struct xdp_md *ctx)
 			return XDP_DROP;
 		meta->magic = XVS_XDP_MAGIC;
 		meta->nf_flags = sc->res.nf_flags;
-		stats_verdict(sc->res.verdict, len);
+		stats_verdict(sc->res.verdict, sc->res.len);
 		return XDP_PASS;
 	case XVS_ACT_DROP:
-		stats_verdict(sc->res.verdict, len);
+		stats_verdict(sc->res.verdict, sc->res.len);
+		if (monitored(sc->res.verdict))
+			monitor_event(sc->res.verdict, XVS_HOOK_XDP);
 		return XDP_DROP;
 	}
 	/* PASS and REJECT: tc decides again (and counts). */
@@ -309,3 +315,5 @@ const enum xvs_ct_flags *_unused_ct_flags __attribute__((unused));
 const enum xvs_verdict *_unused_verdict __attribute__((unused));
 const enum xvs_ct_state *_unused_ct_state __attribute__((unused));
 const struct xvs_if_addrs *_unused_if_addrs __attribute__((unused));
+const struct xvs_event *_unused_event __attribute__((unused));
+const enum xvs_hook *_unused_hook __attribute__((unused));

@@ -182,6 +182,23 @@ const (
 	XvsXvsCtStateXVS_CT_CLOSE       XvsXvsCtState = 8
 )
 
+type XvsXvsEvent struct {
+	_        structs.HostLayout
+	Ts       uint64
+	Saddr    [16]uint8
+	Daddr    [16]uint8
+	Sport    uint16
+	Dport    uint16
+	Ifindex  uint32
+	Verdict  uint32
+	Len      uint32
+	Proto    uint8
+	Family   uint8
+	Hook     uint8
+	TcpFlags uint8
+	_        [4]byte
+}
+
 type XvsXvsFrag6Key struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -205,6 +222,13 @@ type XvsXvsFragPorts struct {
 	Sport uint16
 	Dport uint16
 }
+
+type XvsXvsHook uint32
+
+const (
+	XvsXvsHookXVS_HOOK_TC  XvsXvsHook = 1
+	XvsXvsHookXVS_HOOK_XDP XvsXvsHook = 2
+)
 
 type XvsXvsIfAddrs struct {
 	_     structs.HostLayout
@@ -234,6 +258,22 @@ type XvsXvsMemberKey struct {
 	BackendId uint32
 	Scope     uint8
 	Pad       [3]uint8
+}
+
+type XvsXvsMonitorBucket struct {
+	_          structs.HostLayout
+	Last       uint64
+	Credit     uint64
+	Suppressed uint64
+	Lost       uint64
+}
+
+type XvsXvsMonitorSettings struct {
+	_       structs.HostLayout
+	Enabled uint32
+	Rate    uint32
+	Burst   uint32
+	Pad     uint32
 }
 
 type XvsXvsPortRange struct {
@@ -390,11 +430,14 @@ const (
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
 	XvsMapXvsCtUnreplied       = "xvs_ct_unreplied"
+	XvsMapXvsEvents            = "xvs_events"
 	XvsMapXvsFragments         = "xvs_fragments"
 	XvsMapXvsFragments6        = "xvs_fragments6"
 	XvsMapXvsIfSnat            = "xvs_if_snat"
 	XvsMapXvsLbScan            = "xvs_lb_scan"
 	XvsMapXvsMembers           = "xvs_members"
+	XvsMapXvsMonitorConfig     = "xvs_monitor_config"
+	XvsMapXvsMonitorState      = "xvs_monitor_state"
 	XvsMapXvsNodeConfig        = "xvs_node_config"
 	XvsMapXvsPodCidrs          = "xvs_pod_cidrs"
 	XvsMapXvsRrCursors         = "xvs_rr_cursors"
@@ -428,6 +471,8 @@ const (
 	XvsVarUnusedConfigFlags    = "_unused_config_flags"
 	XvsVarUnusedCtFlags        = "_unused_ct_flags"
 	XvsVarUnusedCtState        = "_unused_ct_state"
+	XvsVarUnusedEvent          = "_unused_event"
+	XvsVarUnusedHook           = "_unused_hook"
 	XvsVarUnusedIfAddrs        = "_unused_if_addrs"
 	XvsVarUnusedKind           = "_unused_kind"
 	XvsVarUnusedLpmKey         = "_unused_lpm_key"
@@ -525,11 +570,14 @@ type XvsMapSpecs struct {
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
 	XvsCtUnreplied   *ebpf.MapSpec `ebpf:"xvs_ct_unreplied"`
+	XvsEvents        *ebpf.MapSpec `ebpf:"xvs_events"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
 	XvsFragments6    *ebpf.MapSpec `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.MapSpec `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.MapSpec `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.MapSpec `ebpf:"xvs_members"`
+	XvsMonitorConfig *ebpf.MapSpec `ebpf:"xvs_monitor_config"`
+	XvsMonitorState  *ebpf.MapSpec `ebpf:"xvs_monitor_state"`
 	XvsNodeConfig    *ebpf.MapSpec `ebpf:"xvs_node_config"`
 	XvsPodCidrs      *ebpf.MapSpec `ebpf:"xvs_pod_cidrs"`
 	XvsRrCursors     *ebpf.MapSpec `ebpf:"xvs_rr_cursors"`
@@ -554,6 +602,8 @@ type XvsVariableSpecs struct {
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.VariableSpec `ebpf:"_unused_ct_flags"`
 	UnusedCtState        *ebpf.VariableSpec `ebpf:"_unused_ct_state"`
+	UnusedEvent          *ebpf.VariableSpec `ebpf:"_unused_event"`
+	UnusedHook           *ebpf.VariableSpec `ebpf:"_unused_hook"`
 	UnusedIfAddrs        *ebpf.VariableSpec `ebpf:"_unused_if_addrs"`
 	UnusedKind           *ebpf.VariableSpec `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.VariableSpec `ebpf:"_unused_lpm_key"`
@@ -608,11 +658,14 @@ type XvsMaps struct {
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
 	XvsCtUnreplied   *ebpf.Map `ebpf:"xvs_ct_unreplied"`
+	XvsEvents        *ebpf.Map `ebpf:"xvs_events"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
 	XvsFragments6    *ebpf.Map `ebpf:"xvs_fragments6"`
 	XvsIfSnat        *ebpf.Map `ebpf:"xvs_if_snat"`
 	XvsLbScan        *ebpf.Map `ebpf:"xvs_lb_scan"`
 	XvsMembers       *ebpf.Map `ebpf:"xvs_members"`
+	XvsMonitorConfig *ebpf.Map `ebpf:"xvs_monitor_config"`
+	XvsMonitorState  *ebpf.Map `ebpf:"xvs_monitor_state"`
 	XvsNodeConfig    *ebpf.Map `ebpf:"xvs_node_config"`
 	XvsPodCidrs      *ebpf.Map `ebpf:"xvs_pod_cidrs"`
 	XvsRrCursors     *ebpf.Map `ebpf:"xvs_rr_cursors"`
@@ -637,11 +690,14 @@ func (m *XvsMaps) Close() error {
 		m.XvsClusterIps,
 		m.XvsConntrack,
 		m.XvsCtUnreplied,
+		m.XvsEvents,
 		m.XvsFragments,
 		m.XvsFragments6,
 		m.XvsIfSnat,
 		m.XvsLbScan,
 		m.XvsMembers,
+		m.XvsMonitorConfig,
+		m.XvsMonitorState,
 		m.XvsNodeConfig,
 		m.XvsPodCidrs,
 		m.XvsRrCursors,
@@ -667,6 +723,8 @@ type XvsVariables struct {
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.Variable `ebpf:"_unused_ct_flags"`
 	UnusedCtState        *ebpf.Variable `ebpf:"_unused_ct_state"`
+	UnusedEvent          *ebpf.Variable `ebpf:"_unused_event"`
+	UnusedHook           *ebpf.Variable `ebpf:"_unused_hook"`
 	UnusedIfAddrs        *ebpf.Variable `ebpf:"_unused_if_addrs"`
 	UnusedKind           *ebpf.Variable `ebpf:"_unused_kind"`
 	UnusedLpmKey         *ebpf.Variable `ebpf:"_unused_lpm_key"`

@@ -240,4 +240,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_verdicts SEC(".maps");
 
+/* Drop and reject events for `xvs monitor` (lib/monitor.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_monitor_settings);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_monitor_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct xvs_monitor_bucket);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xvs_monitor_state SEC(".maps");
+
 #endif

@@ -15,6 +15,7 @@
 
 #include "flow.h"
 #include "maps.h"
+#include "monitor.h"
 #include "nat.h"
 #include "parse.h"
 #include "reject.h"
@@ -27,6 +28,8 @@
 static __always_inline int verdict(int action, __u32 v, const struct __sk_buff *skb)
 {
 	stats_verdict(v, skb->len);
+	if (monitored(v))
+		monitor_event(v, XVS_HOOK_TC);
 	return action;
 }
 

@@ -420,4 +420,53 @@ enum xvs_verdict {
 	XVS_V_MAX,
 };
 
+/* The verdicts `xvs monitor` reports, one bit each: a packet dropped or
+ * refused by the datapath (lib/monitor.h). */
+#define XVS_V_MONITORED                                                                                      \
+	((1u << XVS_V_DROP_NO_LOCAL) | (1u << XVS_V_REJECT_NO_ENDPOINTS) | (1u << XVS_V_DROP_NO_BACKEND) |   \
+	 (1u << XVS_V_DROP_INVALID) | (1u << XVS_V_DROP_REWRITE) | (1u << XVS_V_DROP_REJECT_FAILED) |        \
+	 (1u << XVS_V_DROP_SOURCE_RANGE) | (1u << XVS_V_REJECT_WRONG_PORT) |                                 \
+	 (1u << XVS_V_DROP_UNALLOCATED) | (1u << XVS_V_DROP_SNAT_EXHAUSTED) |                                \
+	 (1u << XVS_V_REJECT_FRAG_NEEDED))
+
+/* Where an event was raised. */
+enum xvs_hook {
+	XVS_HOOK_TC = 1, /* tc ingress or egress */
+	XVS_HOOK_XDP,
+};
+
+/* One drop or reject, as `xvs monitor` reads it from the xvs_events ring:
+ * the packet as it arrived (before any translation). */
+struct xvs_event {
+	__u64 ts; /* CLOCK_MONOTONIC, ns */
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u32 ifindex;
+	__u32 verdict;
+	__u32 len;
+	__u8 proto;
+	__u8 family;
+	__u8 hook;
+	__u8 tcp_flags;
+};
+
+/* The monitor's switch and rate, set by `xvs monitor`: events are written
+ * only while enabled, at most rate a second per CPU with bursts of burst. */
+struct xvs_monitor_settings {
+	__u32 enabled;
+	__u32 rate;
+	__u32 burst;
+	__u32 pad;
+};
+
+/* Per CPU: the token bucket and what it and the ring turned away. */
+struct xvs_monitor_bucket {
+	__u64 last;	  /* when the credit was last topped up */
+	__u64 credit;	  /* ns of event budget */
+	__u64 suppressed; /* events over the rate */
+	__u64 lost;	  /* events the full ring had no room for */
+};
+
 #endif

@@ -4,6 +4,7 @@
 //	xvs agent     run the proxy (Kubernetes API or a directory of manifests)
 //	xvs list      show what is programmed, like ipvsadm -Ln
 //	xvs explain   what the datapath does with a packet, and why
+//	xvs monitor   the packets the datapath drops or refuses, as they happen
 //	xvs cleanup   detach and remove every xvs program, link and map
 //
 // A developer build (make build: go build -tags lab) adds the harness's
@@ -35,6 +36,7 @@ func commands() []command {
 		{"agent", "run the proxy", runAgent},
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
 		{"explain", "say what the datapath does with a packet, and why", runExplain},
+		{"monitor", "print the packets the datapath drops or refuses, with the reason", runMonitor},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
 	}, extra...)
 }

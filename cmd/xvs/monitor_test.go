@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
+	"github.com/xvs-lb/xvs/maps"
+)
+
+// startMonitor runs `xvs monitor -o json` in the node namespace with extra
+// flags and waits until it listens.
+func startMonitor(t *testing.T, w *harness.Single, extra ...string) (*lab.Process, string) {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "monitor.log")
+	p, err := lab.Start(w.Node.NS, log, w.Bin, append([]string{"monitor", "-o", "json", "--pin-path", w.PinPath}, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(5 * time.Second) })
+	if err := w.WaitCount("monitor listening", 1, 10*time.Second, func() (int, error) {
+		b, err := os.ReadFile(log)
+		return strings.Count(string(b), "listening for drop and reject events"), err
+	}); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	return p, log
+}
+
+// monitorEvents stops the monitor and reads what it printed: the events
+// (its JSON lines) and its closing summary.
+func monitorEvents(t *testing.T, p *lab.Process, log string) ([]maps.Event, string) {
+	t.Helper()
+	if err := p.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var evs []maps.Event
+	var rest []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "{") {
+			rest = append(rest, line)
+			continue
+		}
+		var ev maps.Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("monitor printed %q: %v", line, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs, strings.Join(rest, "\n")
+}
+
+// TestPrivMonitor: `xvs monitor` reports each connection the datapath
+// refuses or drops, with the reason, the client's address and port as
+// sent, the frontend and the device: a port the ClusterIP does not have
+// (REJECT), an unallocated address of the service range (DROP), the
+// Service without endpoints (REJECT, TCP and UDP). Connections served meanwhile
+// give no event. Its exit turns the events off. A second monitor with a
+// low rate, under a flood of dropped datagrams, gets no more than its
+// rate allows and reports the rest as suppressed.
+func TestPrivMonitor(t *testing.T) {
+	w := newWorld(t, "--service-cluster-ip-range", "172.30.0.0/24")
+	p, log := startMonitor(t, w)
+
+	client := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(harness.DemoClientIP, port) }
+	vip := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(harness.DemoVIP, port) }
+	unallocated := netip.AddrPortFrom(netip.MustParseAddr("172.30.0.99"), 80)
+	connect := func(src, dst netip.AddrPort, want lab.Verdict) {
+		t.Helper()
+		_, err := lab.Transfer(w.Client, src, dst, lab.TransferSpec{Download: 1 << 20, Connect: time.Second, Timeout: 5 * time.Second})
+		if got := lab.Classify(err); got != want {
+			t.Fatalf("%s -> %s: %v (%v), want %v", src, dst, got, err, want)
+		}
+	}
+	// Served: no event.
+	connect(client(40000), vip(80), lab.OK)
+	connect(client(40001), vip(81), lab.Refused)
+	connect(client(40002), unallocated, lab.Timeout)
+	if err := w.WriteService(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitProgrammed(0, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	connect(client(40003), vip(80), lab.Refused)
+	if r := lab.ProbeUDP(w.Client, harness.DemoClientIP, vip(53), 2*time.Second); r.Verdict != lab.Refused {
+		t.Fatalf("UDP to the Service without endpoints: %v, want REFUSED", r)
+	}
+	evs, summary := monitorEvents(t, p, log)
+	t.Logf("%d events:", len(evs))
+	for _, ev := range evs {
+		t.Logf("  %+v", ev)
+	}
+	find := func(reason string, src, dst netip.AddrPort, proto string) *maps.Event {
+		for i, ev := range evs {
+			if ev.Reason == reason && ev.Protocol == proto && ev.Destination == dst && (!src.IsValid() || ev.Source == src) {
+				return &evs[i]
+			}
+		}
+		return nil
+	}
+	for _, want := range []struct {
+		typ, reason string
+		src, dst    netip.AddrPort
+		proto       string
+	}{
+		{"reject", "reject_wrong_port", client(40001), vip(81), "TCP"},
+		{"drop", "drop_unallocated_service_ip", client(40002), unallocated, "TCP"},
+		{"reject", "reject_no_endpoints", client(40003), vip(80), "TCP"},
+		{"reject", "reject_no_endpoints", netip.AddrPort{}, vip(53), "UDP"},
+	} {
+		ev := find(want.reason, want.src, want.dst, want.proto)
+		if ev == nil {
+			t.Errorf("no %s event for %s %s -> %s", want.reason, want.proto, want.src, want.dst)
+			continue
+		}
+		if ev.Type != want.typ || ev.Device != "ext1" || ev.Hook != "tc" || ev.Length == 0 || time.Since(ev.Time) > time.Minute || ev.Time.After(time.Now()) {
+			t.Errorf("event %+v: want type %s, device ext1, hook tc, a length, a time in the last minute", *ev, want.typ)
+		}
+		if want.proto == "TCP" && ev.TCPFlags != "SYN" {
+			t.Errorf("event %+v: want the SYN", *ev)
+		}
+	}
+	for _, ev := range evs {
+		if ev.Source == client(40000) {
+			t.Errorf("an event for the served connection: %+v", ev)
+		}
+	}
+	if !strings.Contains(summary, "0 suppressed by the rate limit, 0 lost") {
+		t.Errorf("summary %q: want nothing suppressed or lost", summary)
+	}
+	// The monitor's exit turned the events off.
+	settings, err := ebpf.LoadPinnedMap(filepath.Join(w.PinPath, xbpf.XvsMapXvsMonitorConfig), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer settings.Close()
+	var s xbpf.MonitorSettings
+	if err := settings.Lookup(uint32(0), &s); err != nil || s.Enabled != 0 {
+		t.Errorf("monitor settings after its exit: %+v %v, want disabled", s, err)
+	}
+
+	// A flood: 20,000 datagrams to the unallocated address from one
+	// client, under a monitor that takes 10 a second with bursts of 5.
+	p, log = startMonitor(t, w, "--rate", "10", "--burst", "5")
+	start := time.Now()
+	const flood = 20000
+	if err := w.Client.Do(func() error {
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(client(40010)), net.UDPAddrFromAddrPort(netip.AddrPortFrom(unallocated.Addr(), 53)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range flood {
+			if _, err := c.Write([]byte("flood")); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	evs, summary = monitorEvents(t, p, log)
+	took := time.Since(start)
+	// Per CPU: the burst, then the rate.
+	most := 2 * (5 + int(10*took.Seconds()+1))
+	n := 0
+	for _, ev := range evs {
+		if ev.Reason == "drop_unallocated_service_ip" && ev.Source == client(40010) {
+			n++
+		}
+	}
+	m := regexp.MustCompile(`(\d+) suppressed by the rate limit`).FindStringSubmatch(summary)
+	suppressed := -1
+	if m != nil {
+		suppressed, _ = strconv.Atoi(m[1])
+	}
+	t.Logf("flood of %d datagrams in %v: %d events, %d suppressed", flood, took, n, suppressed)
+	if n == 0 || n > most || suppressed < flood-most {
+		t.Errorf("flood: %d events (want 1 to %d), %d suppressed (want at least %d); summary %q", n, most, suppressed, flood-most, summary)
+	}
+}

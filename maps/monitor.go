@@ -1,0 +1,208 @@
+package maps
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Event is one packet the datapath dropped or refused, as `xvs monitor`
+// reports it: the packet as it arrived, before any translation.
+type Event struct {
+	Time time.Time `json:"time"`
+	// Type is "drop" or "reject" (a TCP RST or ICMP unreachable went
+	// back to the client).
+	Type     string         `json:"type"`
+	Reason   string         `json:"reason"` // the verdict, as xvs_datapath_packets_total names it
+	Protocol string         `json:"protocol"`
+	Source   netip.AddrPort `json:"source"`
+	// Destination is the address the client sent to: the frontend, for
+	// Service traffic.
+	Destination netip.AddrPort `json:"destination"`
+	Device      string         `json:"device"`
+	Hook        string         `json:"hook"` // tc or xdp
+	Length      uint32         `json:"length"`
+	TCPFlags    string         `json:"tcpFlags,omitempty"`
+}
+
+// MonitorCounts are the events the datapath did not write: over the rate
+// limit (Suppressed) and with the ring full (Lost), summed over CPUs.
+type MonitorCounts struct {
+	Suppressed uint64 `json:"suppressed"`
+	Lost       uint64 `json:"lost"`
+}
+
+// Monitor reads the datapath's drop and reject events from the pinned
+// xvs_events ring. While it is open the datapath writes them (at most
+// Rate a second per CPU, bursts of Burst); Close turns them off again.
+type Monitor struct {
+	events, settings, buckets *ebpf.Map
+	rd                        *ringbuf.Reader
+	// monoOffset turns the events' CLOCK_MONOTONIC stamps into wall time.
+	monoOffset time.Duration
+	devices    map[uint32]string
+}
+
+// DefaultMonitorRate and DefaultMonitorBurst bound the events per CPU:
+// enough to see every refused connection of a misbehaving client, too few
+// for a flood of dropped packets to cost the datapath more than a counter
+// increment each.
+const (
+	DefaultMonitorRate  = 1000
+	DefaultMonitorBurst = 200
+)
+
+// OpenMonitor opens the pinned event ring and turns the events on at rate
+// per second per CPU, in bursts of burst.
+func OpenMonitor(pinPath string, rate, burst uint32) (_ *Monitor, err error) {
+	if rate == 0 {
+		return nil, errors.New("monitor: a rate of 0 events a second reports nothing")
+	}
+	m := &Monitor{devices: map[uint32]string{}}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
+	for name, dst := range map[string]**ebpf.Map{
+		xbpf.XvsMapXvsEvents:        &m.events,
+		xbpf.XvsMapXvsMonitorConfig: &m.settings,
+		xbpf.XvsMapXvsMonitorState:  &m.buckets,
+	} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("no %s under %s: no agent of this version has loaded the datapath there", name, pinPath)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		*dst = mp
+	}
+	if m.rd, err = ringbuf.NewReader(m.events); err != nil {
+		return nil, fmt.Errorf("read %s: %w", xbpf.XvsMapXvsEvents, err)
+	}
+	var mono unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono); err != nil {
+		return nil, err
+	}
+	m.monoOffset = time.Duration(time.Now().UnixNano() - mono.Nano())
+	on := xbpf.MonitorSettings{Enabled: 1, Rate: rate, Burst: burst}
+	if err := m.settings.Update(uint32(0), &on, ebpf.UpdateAny); err != nil {
+		return nil, fmt.Errorf("turn the events on: %w", err)
+	}
+	return m, nil
+}
+
+// Read waits for the next event, until deadline (zero: none); it returns
+// os.ErrDeadlineExceeded when the deadline passes first.
+func (m *Monitor) Read(deadline time.Time) (Event, error) {
+	m.rd.SetDeadline(deadline)
+	rec, err := m.rd.Read()
+	if err != nil {
+		return Event{}, err
+	}
+	var raw xbpf.Event
+	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
+		return Event{}, fmt.Errorf("event of %d bytes: %w", len(rec.RawSample), err)
+	}
+	return m.decode(raw), nil
+}
+
+func (m *Monitor) decode(raw xbpf.Event) Event {
+	reason := VerdictName(xbpf.Verdict(raw.Verdict))
+	ev := Event{
+		Time:        time.Unix(0, int64(raw.Ts)+int64(m.monoOffset)),
+		Type:        "drop",
+		Reason:      reason,
+		Protocol:    model.Protocol(raw.Proto).String(),
+		Source:      netip.AddrPortFrom(decodeAddr(raw.Saddr, raw.Family), ntohs(raw.Sport)),
+		Destination: netip.AddrPortFrom(decodeAddr(raw.Daddr, raw.Family), ntohs(raw.Dport)),
+		Device:      m.device(raw.Ifindex),
+		Hook:        "tc",
+		Length:      raw.Len,
+	}
+	if strings.HasPrefix(reason, "reject_") {
+		ev.Type = "reject"
+	}
+	if xbpf.Hook(raw.Hook) == xbpf.XvsXvsHookXVS_HOOK_XDP {
+		ev.Hook = "xdp"
+	}
+	if raw.Proto == uint8(model.TCP) {
+		ev.TCPFlags = tcpFlags(raw.TcpFlags)
+	}
+	return ev
+}
+
+// device names an interface of this network namespace (the node's), or
+// gives its index when it is gone.
+func (m *Monitor) device(ifindex uint32) string {
+	if name, ok := m.devices[ifindex]; ok {
+		return name
+	}
+	name := fmt.Sprintf("if%d", ifindex)
+	if ifi, err := net.InterfaceByIndex(int(ifindex)); err == nil {
+		name = ifi.Name
+	}
+	m.devices[ifindex] = name
+	return name
+}
+
+func tcpFlags(f uint8) string {
+	var out []string
+	for i, n := range []string{"FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR"} {
+		if f&(1<<i) != 0 {
+			out = append(out, n)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// Counts reads what the datapath did not write, summed over CPUs.
+func (m *Monitor) Counts() (MonitorCounts, error) {
+	var per []xbpf.MonitorBucket
+	if err := m.buckets.Lookup(uint32(0), &per); err != nil {
+		return MonitorCounts{}, err
+	}
+	var c MonitorCounts
+	for _, b := range per {
+		c.Suppressed += b.Suppressed
+		c.Lost += b.Lost
+	}
+	return c, nil
+}
+
+// Close turns the events off and releases the ring.
+func (m *Monitor) Close() error {
+	var err error
+	if m.settings != nil {
+		err = m.settings.Update(uint32(0), &xbpf.MonitorSettings{}, ebpf.UpdateAny)
+	}
+	return errors.Join(err, m.close())
+}
+
+func (m *Monitor) close() error {
+	var errs []error
+	if m.rd != nil {
+		errs = append(errs, m.rd.Close())
+	}
+	for _, mp := range []*ebpf.Map{m.events, m.settings, m.buckets} {
+		if mp != nil {
+			errs = append(errs, mp.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
