@@ -64,6 +64,7 @@ type ProbeResult struct {
 	Override string `json:"override,omitempty"` // the why of an applied override
 	Agent    bool   `json:"agent,omitempty"`    // a check of the agent's own endpoints (agentcheck.go), not a scenario probe
 	Explain  bool   `json:"explain,omitempty"`  // xvs explain's answer for the probe before it ran (explain.go)
+	Monitor  bool   `json:"monitor,omitempty"`  // xvs monitor's event for a probe explain said is dropped or refused (monitor.go)
 }
 
 // runProbe makes the probe's tries and judges them against exp.

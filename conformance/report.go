@@ -379,32 +379,38 @@ func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
 	if !found {
 		return
 	}
-	b.WriteString("\n## xvs explain against the probes (ebpf)\n\nBefore each passing probe from a pod or an outside client (TCP, UDP, no fixed source port), `xvs explain`\n" +
+	b.WriteString("\n## xvs explain and xvs monitor against the probes (ebpf)\n\nBefore each passing probe from a pod or an outside client (TCP, UDP, no fixed source port), `xvs explain`\n" +
 		"ran the datapath's program over copies of the agent's maps; it agrees when it names the outcome the probe met (a\n" +
-		"translation to an expected member, or the REJECT, DROP or PASS). Agreed / asked.\n\n")
+		"translation to an expected member, or the REJECT, DROP or PASS). Where it said DROP or REJECT, `xvs monitor` (reading\n" +
+		"the agent's event ring throughout) must have reported the probe's packet with the same reason. Agreed / asked.\n\n")
 	tableHead(b, runs, "")
-	b.WriteString("| explain |")
-	for _, r := range runs {
-		var pass, n int
-		for _, s := range r.Scenarios {
-			for _, p := range s.Probes {
-				if p.Explain {
-					n++
-					if p.Pass {
-						pass++
+	for _, row := range []struct {
+		name string
+		is   func(ProbeResult) bool
+	}{{"explain", func(p ProbeResult) bool { return p.Explain }}, {"monitor", func(p ProbeResult) bool { return p.Monitor }}} {
+		fmt.Fprintf(b, "| %s |", row.name)
+		for _, r := range runs {
+			var pass, n int
+			for _, s := range r.Scenarios {
+				for _, p := range s.Probes {
+					if row.is(p) {
+						n++
+						if p.Pass {
+							pass++
+						}
 					}
 				}
 			}
+			if n == 0 {
+				b.WriteString(" - |")
+				continue
+			}
+			mark := ""
+			if pass == n {
+				mark = " ✅"
+			}
+			fmt.Fprintf(b, " %d/%d%s |", pass, n, mark)
 		}
-		if n == 0 {
-			b.WriteString(" - |")
-			continue
-		}
-		mark := ""
-		if pass == n {
-			mark = " ✅"
-		}
-		fmt.Fprintf(b, " %d/%d%s |", pass, n, mark)
+		b.WriteString("\n")
 	}
-	b.WriteString("\n")
 }

@@ -208,6 +208,7 @@ func runScenario(ctx context.Context, sc *Scenario, opts *Options) ScenarioResul
 		return r.res
 	}
 	r.w = w
+	defer r.closeMonitor()
 	r.probes(0, sc.Probes)
 	completed := true
 	for i := range sc.Steps {
@@ -238,6 +239,10 @@ type scenarioRun struct {
 	opts *Options
 	w    *world
 	res  ScenarioResult
+	// mon reads the agent's drop and reject events (monitor.go); monErr
+	// says why it could not be opened.
+	mon    *maps.Monitor
+	monErr string
 }
 
 // report prints one probe line and records it.
@@ -261,6 +266,9 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 	ex, exErr := r.explainer()
 	if ex != nil {
 		defer ex.Forget()
+		// Listening before the probes run: their events are written as
+		// they are dropped.
+		r.monitor()
 	}
 	for i := range ps {
 		p := &ps[i]
@@ -279,6 +287,10 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		case x != nil && pass:
 			got, ok := judgeExplain(x, exp)
 			r.reportExplain(step, p.Name, expectedString(p, exp, aff), got, ok)
+			if ok && (x.Action == "drop" || x.Action == "reject") {
+				c, _ := r.w.clientFor(p.From)
+				r.checkMonitor(step, p, c, x)
+			}
 		}
 	}
 }

@@ -53,7 +53,9 @@ func (l tlog) Write(p []byte) (int, error) {
 // true, selects the checks of the agent's endpoints instead of the
 // scenario's own probes.
 func probes(res *conformance.Results, agent ...bool) map[string]bool {
-	return results(res, func(p conformance.ProbeResult) bool { return !p.Explain && p.Agent == (len(agent) > 0 && agent[0]) })
+	return results(res, func(p conformance.ProbeResult) bool {
+		return !p.Explain && !p.Monitor && p.Agent == (len(agent) > 0 && agent[0])
+	})
 }
 
 // explains are the explain checks of a run (conformance/explain.go).
