@@ -11,6 +11,8 @@
 //	PinPath/xvs_svc_stats      per-CPU counters by service (frontend) ID
 //	PinPath/xvs_backend_stats  per-CPU counters by backend ID
 //	PinPath/xvs_verdicts       per-CPU counters by verdict
+//	PinPath/xvs_events         drop and reject events for xvs monitor (ring buffer)
+//	PinPath/xvs_monitor_*      the monitor's switch and per-CPU rate limiter
 //	PinPath/progs/tc_ingress   the running tc program (for bpftool and legacy tc)
 //	PinPath/links/<ifname>     the TCX link of each attached device
 package loader
