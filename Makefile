@@ -167,6 +167,7 @@ demo: deps build
 bench: deps apiserver kube-proxy
 	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
 	./bin/bench -out docs/BENCHMARKS.md
+	./bin/bench monitor -out docs/BENCHMARKS-monitor.md
 	$(MAKE) bench-peers
 
 # The real kube-proxy (test/kubeproxy: upstream cmd/kube-proxy of the

@@ -262,8 +262,7 @@ type XvsXvsMemberKey struct {
 
 type XvsXvsMonitorBucket struct {
 	_          structs.HostLayout
-	Last       uint64
-	Credit     uint64
+	Next       uint64
 	Suppressed uint64
 	Lost       uint64
 }
@@ -274,6 +273,8 @@ type XvsXvsMonitorSettings struct {
 	Rate    uint32
 	Burst   uint32
 	Pad     uint32
+	Cost    uint64
+	Ahead   uint64
 }
 
 type XvsXvsPortRange struct {

@@ -100,11 +100,23 @@ func OpenMonitor(pinPath string, rate, burst uint32) (_ *Monitor, err error) {
 		return nil, err
 	}
 	m.monoOffset = time.Duration(time.Now().UnixNano() - mono.Nano())
-	on := xbpf.MonitorSettings{Enabled: 1, Rate: rate, Burst: burst}
+	// The rate limiter starts afresh, and so do its counts: what Counts
+	// reports is this monitor's.
+	if err := m.buckets.Update(uint32(0), make([]xbpf.MonitorBucket, ebpf.MustPossibleCPU()), ebpf.UpdateAny); err != nil {
+		return nil, fmt.Errorf("reset the rate limiter: %w", err)
+	}
+	on := MonitorSettings(rate, burst)
 	if err := m.settings.Update(uint32(0), &on, ebpf.UpdateAny); err != nil {
 		return nil, fmt.Errorf("turn the events on: %w", err)
 	}
 	return m, nil
+}
+
+// MonitorSettings are the datapath's settings for events at rate a second
+// per CPU in bursts of burst (at least 1).
+func MonitorSettings(rate, burst uint32) xbpf.MonitorSettings {
+	cost := uint64(time.Second) / uint64(max(rate, 1))
+	return xbpf.MonitorSettings{Enabled: 1, Rate: rate, Burst: burst, Cost: cost, Ahead: cost * uint64(max(burst, 1)-1)}
 }
 
 // Read waits for the next event, until deadline (zero: none); it returns
@@ -171,7 +183,8 @@ func tcpFlags(f uint8) string {
 	return strings.Join(out, ",")
 }
 
-// Counts reads what the datapath did not write, summed over CPUs.
+// Counts reads what the datapath did not write since the monitor opened,
+// summed over CPUs.
 func (m *Monitor) Counts() (MonitorCounts, error) {
 	var per []xbpf.MonitorBucket
 	if err := m.buckets.Lookup(uint32(0), &per); err != nil {

@@ -2,8 +2,8 @@
 /* Drop and reject events for `xvs monitor`. Every verdict is counted
  * (lib/stats.h); the monitored ones (XVS_V_MONITORED) also write the packet
  * they were given for into the xvs_events ring, while a monitor is
- * listening. A per-CPU token bucket bounds the events (a flood of dropped
- * packets costs each a map lookup and a subtraction, not a ring write),
+ * listening. A per-CPU rate limit bounds the events (a flood of dropped
+ * packets costs each two map lookups and a compare, not a ring write),
  * and what it turns away, and what a full ring has no room for, is counted
  * for the monitor to report. */
 #ifndef XVS_MONITOR_H
@@ -29,33 +29,30 @@ __noinline int monitor_event(__u32 verdict, __u32 hook)
 	__u32 zero = 0;
 	const struct xvs_monitor_settings *cfg = bpf_map_lookup_elem(&xvs_monitor_config, &zero);
 
-	if (!cfg || !cfg->enabled || !cfg->rate)
+	if (!cfg || !cfg->enabled)
 		return 0;
 	struct xvs_monitor_bucket *st = bpf_map_lookup_elem(&xvs_monitor_state, &zero);
+	struct flow_scratch *sc = flow_scratch_get();
 
-	if (!st)
+	if (!st || !sc)
 		return 0;
-	/* Token bucket in nanoseconds: an event costs 1e9/rate, the credit
-	 * grows with time, up to burst events. */
-	__u64 now = bpf_ktime_get_ns();
-	__u64 cost = 1000000000ULL / cfg->rate;
-	__u64 cap = cost * (cfg->burst ? cfg->burst : 1);
-	__u64 credit = st->credit + (now - st->last);
+	/* The rate limit (GCRA, a token bucket in one number): next is when
+	 * the next event is due at the rate; an event may come up to ahead
+	 * ns early (the burst). A suppressed event costs a compare and an
+	 * increment. The packet's own timestamp when the decision took one
+	 * (every monitored verdict comes after flow_track): no clock read. */
+	__u64 now = sc->res.now;
 
-	st->last = now;
-	if (credit > cap)
-		credit = cap;
-	if (credit < cost) {
-		st->credit = credit;
+	if (!now)
+		now = bpf_ktime_get_ns();
+	__u64 next = st->next;
+
+	if (next > now + cfg->ahead) {
 		st->suppressed++;
 		return 0;
 	}
-	st->credit = credit - cost;
+	st->next = (next > now ? next : now) + cfg->cost;
 
-	struct flow_scratch *sc = flow_scratch_get();
-
-	if (!sc)
-		return 0;
 	struct xvs_event *ev = bpf_ringbuf_reserve(&xvs_events, sizeof(*ev), 0);
 
 	if (!ev) {

@@ -459,12 +459,16 @@ struct xvs_monitor_settings {
 	__u32 rate;
 	__u32 burst;
 	__u32 pad;
+	/* What the program uses, derived by the monitor: the ns between
+	 * events at the rate (1e9 / rate), and how far ahead of the clock the
+	 * schedule may run (cost * (burst - 1)). */
+	__u64 cost;
+	__u64 ahead;
 };
 
-/* Per CPU: the token bucket and what it and the ring turned away. */
+/* Per CPU: the rate limiter and what it and the ring turned away. */
 struct xvs_monitor_bucket {
-	__u64 last;	  /* when the credit was last topped up */
-	__u64 credit;	  /* ns of event budget */
+	__u64 next;	  /* when the next event is due at the rate (GCRA) */
 	__u64 suppressed; /* events over the rate */
 	__u64 lost;	  /* events the full ring had no room for */
 };

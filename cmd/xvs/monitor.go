@@ -64,7 +64,7 @@ func runMonitor(args []string) error {
 	c, cerr := m.Counts()
 	closeErr := m.Close()
 	if cerr == nil {
-		fmt.Fprintf(os.Stderr, "%d events; %d suppressed by the rate limit, %d lost (ring full) since the datapath loaded\n", n, c.Suppressed, c.Lost)
+		fmt.Fprintf(os.Stderr, "%d events; %d suppressed by the rate limit, %d lost (ring full)\n", n, c.Suppressed, c.Lost)
 	}
 	return errors.Join(err, closeErr)
 }
