@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -271,27 +270,8 @@ func (w *kubeWorld) waitBackends(t *testing.T, vip netip.Addr, port uint16, want
 	}
 }
 
-// nsGet does an HTTP GET from inside ns (the agent's servers listen in the
-// node namespace; net/http would dial from the test's namespace).
-func nsGet(ns *lab.NS, url string) (int, http.Header, string, error) {
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := ns.Do(func() (err error) {
-				conn, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		}}}
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b), err
-}
+// nsGet does an HTTP GET from inside ns (lab.HTTPGet).
+func nsGet(ns *lab.NS, url string) (int, http.Header, string, error) { return lab.HTTPGet(ns, url) }
 
 func (w *kubeWorld) healthz(t *testing.T, path string) (int, map[string]any) {
 	t.Helper()

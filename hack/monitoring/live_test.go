@@ -4,9 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -127,11 +124,11 @@ func TestPrivDashboardLive(t *testing.T) {
 	scrape := func() {
 		t.Helper()
 		now := time.Now()
-		body, err := get(w.Node.NS, "http://"+metricsAddr+"/metrics")
-		if err != nil {
-			t.Fatalf("scrape: %v", err)
+		code, _, body, err := lab.HTTPGet(w.Node.NS, "http://"+metricsAddr+"/metrics")
+		if err != nil || code != 200 {
+			t.Fatalf("scrape: %d %v", code, err)
 		}
-		if err := r.Add(body, now); err != nil {
+		if err := r.Add([]byte(body), now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -216,29 +213,4 @@ func TestPrivDashboardLive(t *testing.T) {
 		}
 		t.Logf("rendered %s", *dashboardPNG)
 	}
-}
-
-// get fetches url from inside ns (the agent's metrics server listens in
-// the node's namespace): the connection is made on a thread there.
-func get(ns *lab.NS, url string) ([]byte, error) {
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := ns.Do(func() (err error) {
-				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-	}}
-	resp, err := c.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return io.ReadAll(resp.Body)
 }
