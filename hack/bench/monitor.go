@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"math/rand/v2"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -63,7 +64,7 @@ type monitorResult struct {
 func monitorMain(args []string) int {
 	fs := flag.NewFlagSet("monitor", flag.ContinueOnError)
 	out := fs.String("out", "docs/BENCHMARKS-monitor.md", "report to write")
-	rounds := fs.Int("rounds", 30, "rounds (each case once a round, in turn)")
+	rounds := fs.Int("rounds", 60, "rounds (each case once a round, in turn)")
 	repeat := fs.Int("repeat", 20000, "packets per case and round (one BPF_PROG_TEST_RUN with this repeat)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -125,8 +126,17 @@ func measureMonitor(ctx context.Context, rounds, repeat int) (_ []monitorResult,
 	samples := make([][]float64, len(monitorCases))
 	unpin := pinThread()
 	defer unpin()
+	order := make([]int, len(monitorCases))
+	for i := range order {
+		order[i] = i
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
 	for range rounds {
-		for i, c := range monitorCases {
+		// In a new order each round: a case that always followed another
+		// would inherit its wake-ups and cache state.
+		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		for _, i := range order {
+			c := monitorCases[i]
 			// Each case starts with a fresh rate limiter, as a monitor
 			// does (the previous case's schedule would hold this one's
 			// events back).
@@ -226,8 +236,8 @@ func monitorReport(res []monitorResult, rounds, repeat int, command string) []by
 	fmt.Fprintf(&b, "Machine: Linux %s, %s, %d CPUs; load average %s.\n", unix.ByteSliceToString(u.Release[:]), cpuModel(), runtime.NumCPU(), loadAvg())
 	fmt.Fprintf(&b, "\nOne dropped packet (a TCP SYN to an unallocated address of the service range, `drop_unallocated_service_ip`,\n"+
 		"one of the verdicts `xvs monitor` reports) through `xvs_tc_ingress` with BPF_PROG_TEST_RUN, repeat %d (the kernel's\n"+
-		"mean per run), %d rounds, each case once a round in turn on one pinned CPU, so that the machine's drift falls on every\n"+
-		"case alike. The ratio is each round's time over the same round's time with the monitor off.\n\n", repeat, rounds)
+		"mean per run), %d rounds, each case once a round in a shuffled order on one pinned CPU, so that the machine's drift\n"+
+		"and the order fall on every case alike. The ratio is each round's time over the same round's time with the monitor off.\n\n", repeat, rounds)
 	b.WriteString("| case | ns per packet (median) | p10 | ratio to off (median of rounds) | events read | suppressed | lost (ring full) |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range res {
 		ratio := slices.Sorted(slices.Values(r.perRoundRatio))[len(r.perRoundRatio)/2]
