@@ -77,10 +77,12 @@ lint:
 # runs it, with ipvs mode, in the VM).
 test: deps generate-check lint apiserver kube-proxy
 	@mkdir -p bin
-	{ $(GO) -C hack/bench test -count=1 ./... && $(GO) -C hack/monitoring test -count=1 ./...; } > bin/bench-tests.log 2>&1 & bench=$$!; \
+	$(GO) -C hack/bench test -count=1 ./... > bin/bench-tests.log 2>&1 & bench=$$!; \
+	$(GO) -C hack/monitoring test -count=1 ./... > bin/monitoring-tests.log 2>&1 & mon=$$!; \
 	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...; rc=$$?; \
-	wait $$bench; brc=$$?; echo "go test ./... (hack/bench and hack/monitoring, their own modules):"; cat bin/bench-tests.log; \
-	[ $$rc -eq 0 ] && [ $$brc -eq 0 ]
+	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
+	wait $$mon; mrc=$$?; echo "go test ./... (hack/monitoring, its own module):"; cat bin/monitoring-tests.log; \
+	[ $$rc -eq 0 ] && [ $$brc -eq 0 ] && [ $$mrc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) vmtest-corpus KERNEL=6.1 MODE=ebpf
 	$(MAKE) vmtest-corpus KERNEL=6.12 MODE=ipvs VM_SUITES="$(VM_SUITES_6_12)"
