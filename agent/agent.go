@@ -25,6 +25,7 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/metrics/prometheus/feature"
 	"k8s.io/klog/v2"
@@ -36,6 +37,7 @@ import (
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
+	"github.com/xvs-lb/xvs/version"
 )
 
 // Options are the agent's resolved command line and configuration file:
@@ -345,7 +347,18 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	log.Info("xvs agent running", "node", a.ccfg.NodeName, "source", sourceName(&o.Options), "mode", a.active.dp.Mode(), "pinPath", o.PinPath)
+	// One line with what an operator asks first: which build, kernel,
+	// mode, attach mode and map sizes this node runs with.
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	attrs := []any{"node", a.ccfg.NodeName, "source", sourceName(&o.Options), "mode", a.active.dp.Mode(),
+		"version", version.Version(), "kernel", unix.ByteSliceToString(uts.Release[:])}
+	if a.active.objs != nil {
+		ms := o.mode.mapSizes
+		attrs = append(attrs, "tcAttach", o.TCAttach, "pinPath", o.PinPath, "maxServices", ms.MaxServices,
+			"maxBackends", ms.MaxBackends, "maxServiceSlots", ms.MaxServiceSlots, "conntrackSize", ms.ConntrackSize)
+	}
+	log.Info("xvs agent running", attrs...)
 	a.runner.Run()
 	a.runner.Loop(ctx)
 	log.Info("xvs agent stopping; the datapath stays in place")
