@@ -2,10 +2,13 @@ package maps
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/model"
@@ -60,10 +63,14 @@ var ctFlagNames = []struct {
 	{xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE, "counted-inactive"},
 }
 
-// ConnectionFilter selects connections: a zero field matches anything.
+// ConnectionFilter selects connections: a zero field matches anything,
+// and an address with a zero port matches every port.
 type ConnectionFilter struct {
 	Protocol model.Protocol
-	Virtual  netip.AddrPort // the frontend; a zero port matches every port
+	Virtual  netip.AddrPort // the frontend (conntrack's original destination)
+	// Source is the client (the original source), Destination the
+	// backend (the reply's source).
+	Source, Destination netip.AddrPort
 }
 
 // Match says whether f selects c.
@@ -71,11 +78,12 @@ func (f ConnectionFilter) Match(c *Connection) bool {
 	if f.Protocol != 0 && f.Protocol.String() != c.Protocol {
 		return false
 	}
-	if f.Virtual.Addr().IsValid() && (f.Virtual.Addr() != c.Virtual.Addr() ||
-		(f.Virtual.Port() != 0 && f.Virtual.Port() != c.Virtual.Port())) {
-		return false
-	}
-	return true
+	return addrPortMatch(f.Virtual, c.Virtual) && addrPortMatch(f.Source, c.Source) && addrPortMatch(f.Destination, c.Destination)
+}
+
+// addrPortMatch: an unset want matches anything, a zero port every port.
+func addrPortMatch(want, got netip.AddrPort) bool {
+	return !want.Addr().IsValid() || want.Addr() == got.Addr() && (want.Port() == 0 || want.Port() == got.Port())
 }
 
 // Connections lists the live flows of both conntrack tables (their
@@ -92,36 +100,7 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 			continue
 		}
 		err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
-			flags := xbpf.CtFlags(e.Flags)
-			if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 || e.Expires <= now {
-				return
-			}
-			proto := model.Protocol(k.Proto)
-			c := Connection{
-				Protocol:    proto.String(),
-				Expires:     time.Duration(e.Expires - now),
-				Source:      netip.AddrPortFrom(decodeAddr(k.Saddr, k.Family), ntohs(k.Sport)),
-				Virtual:     netip.AddrPortFrom(decodeAddr(k.Daddr, k.Family), ntohs(k.Dport)),
-				Destination: netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort)),
-				Replied:     i == 0,
-				Packets:     e.Packets,
-				Bytes:       e.Bytes,
-			}
-			switch {
-			case proto == model.TCP:
-				c.State = ctStateNames[xbpf.CtState(e.State)]
-			default:
-				c.State = strings.ToUpper(proto.String())
-			}
-			if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT != 0 {
-				c.Masquerade = netip.AddrPortFrom(decodeAddr(e.SnatAddr, k.Family), ntohs(e.SnatPort))
-			}
-			for _, fl := range ctFlagNames {
-				if flags&fl.f != 0 {
-					c.Flags = append(c.Flags, fl.name)
-				}
-			}
-			if f.Match(&c) {
+			if c, ok := liveConnection(k, e, now, i == 0); ok && f.Match(&c) {
 				out = append(out, c)
 			}
 		})
@@ -131,6 +110,95 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 	}
 	SortConnections(out)
 	return out, nil
+}
+
+// liveConnection is the connection of a forward entry that has not
+// expired (false for reply entries and expired flows).
+func liveConnection(k *xbpf.CtKey, e *xbpf.CtEntry, now uint64, replied bool) (Connection, bool) {
+	flags := xbpf.CtFlags(e.Flags)
+	if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY != 0 || e.Expires <= now {
+		return Connection{}, false
+	}
+	proto := model.Protocol(k.Proto)
+	c := Connection{
+		Protocol:    proto.String(),
+		Expires:     time.Duration(e.Expires - now),
+		Source:      netip.AddrPortFrom(decodeAddr(k.Saddr, k.Family), ntohs(k.Sport)),
+		Virtual:     netip.AddrPortFrom(decodeAddr(k.Daddr, k.Family), ntohs(k.Dport)),
+		Destination: netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort)),
+		Replied:     replied,
+		Packets:     e.Packets,
+		Bytes:       e.Bytes,
+	}
+	switch {
+	case proto == model.TCP:
+		c.State = ctStateNames[xbpf.CtState(e.State)]
+	default:
+		c.State = strings.ToUpper(proto.String())
+	}
+	if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT != 0 {
+		c.Masquerade = netip.AddrPortFrom(decodeAddr(e.SnatAddr, k.Family), ntohs(e.SnatPort))
+	}
+	for _, fl := range ctFlagNames {
+		if flags&fl.f != 0 {
+			c.Flags = append(c.Flags, fl.name)
+		}
+	}
+	return c, true
+}
+
+// replyKeyOf is the reply entry's key of a flow's forward entry: backend
+// to client, or to the masquerade address.
+func replyKeyOf(k *xbpf.CtKey, e *xbpf.CtEntry) xbpf.CtKey {
+	rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
+	if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
+		rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
+	}
+	return rk
+}
+
+// ExpireConnections ends the live flows f selects, as `conntrack -D` does:
+// both entries of each are marked expired, so the datapath treats its
+// next packet as a new flow's (a UDP client is balanced again; a TCP
+// segment of a connection is INVALID and dropped), and the agent's reaper
+// deletes them and gives the least-connection schedulers their counts
+// back, as for any flow that expired. It returns how many flows it ended.
+// A packet of the flow in the same instant may refresh an entry and keep
+// the flow alive; the count then includes it.
+func (m *Maps) ExpireConnections(f ConnectionFilter) (int, error) {
+	now, err := monotonicNow()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i, ct := range m.ConntrackTables() {
+		if ct == nil {
+			continue
+		}
+		var keys []xbpf.CtKey
+		err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+			if c, ok := liveConnection(k, e, now, i == 0); ok && f.Match(&c) {
+				keys = append(keys, *k, replyKeyOf(k, e))
+			}
+		})
+		if err != nil {
+			return n, err
+		}
+		for j, k := range keys {
+			var e xbpf.CtEntry
+			if err := ct.Lookup(&k, &e); err != nil {
+				continue // gone meanwhile, or a reply entry never written
+			}
+			e.Expires = 1 // long ago: past the reaper's grace too
+			if err := ct.Update(&k, &e, ebpf.UpdateExist); err != nil && !isNotExist(err) {
+				return n, fmt.Errorf("expire conntrack entry: %w", err)
+			}
+			if j%2 == 0 {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
 
 // SortConnections orders connections by frontend, protocol, then client.

@@ -82,7 +82,13 @@ func FromObjects(o *loader.Objects) *Maps {
 
 // OpenPinned opens the maps pinned under pinPath read-only, for inspection
 // commands that must never change the datapath.
-func OpenPinned(pinPath string) (*Maps, error) {
+func OpenPinned(pinPath string) (*Maps, error) { return openPinned(pinPath, true) }
+
+// OpenPinnedForFlush opens the same maps with the conntrack tables
+// writable, for `xvs conntrack flush` (Maps.ExpireConnections).
+func OpenPinnedForFlush(pinPath string) (*Maps, error) { return openPinned(pinPath, false) }
+
+func openPinned(pinPath string, readOnly bool) (*Maps, error) {
 	m := &Maps{owned: true}
 	for name, dst := range map[string]**ebpf.Map{
 		xbpf.XvsMapXvsServices:      &m.Services,
@@ -95,7 +101,8 @@ func OpenPinned(pinPath string) (*Maps, error) {
 		xbpf.XvsMapXvsBackendHeld:   &m.BackendHeld,
 		xbpf.XvsMapXvsBackendReaped: &m.BackendReaped,
 	} {
-		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		ro := readOnly || name != xbpf.XvsMapXvsConntrack && name != xbpf.XvsMapXvsCtUnreplied
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: ro})
 		if name == xbpf.XvsMapXvsCtUnreplied && errors.Is(err, os.ErrNotExist) {
 			continue // pinned by an agent older than the table
 		}

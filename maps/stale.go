@@ -133,14 +133,7 @@ func (d *Datapath) flushStaleIn(ct kvMap[xbpf.CtKey, xbpf.CtEntry], s *staleFlow
 			return
 		}
 		d.staleDeleted[familyIndex(k.Family)]++
-		del = append(del, *k)
-		// Its reply entry: backend -> client, or -> the masquerade
-		// address.
-		rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
-		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
-			rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
-		}
-		del = append(del, rk)
+		del = append(del, *k, replyKeyOf(k, e))
 	})
 	if err != nil {
 		return err

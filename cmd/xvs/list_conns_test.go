@@ -172,3 +172,78 @@ func TestPrivListRate(t *testing.T) {
 		t.Errorf("rate of %s: %+v, want %.1f CPS within 10%% (its backends summing to it), at least 3 packets of 40+ bytes per connection", tcp, s, generated)
 	}
 }
+
+// TestPrivConntrackFlush: `xvs conntrack flush` ends the flows its
+// filters select, as conntrack -D does: a UDP client that keeps its port
+// (which stays on its backend while its flow lives) is balanced again by
+// its next datagram; a TCP connection the filter does not select keeps
+// working; one it selects is ended, and its next segment is dropped. No
+// filter is refused.
+func TestPrivConntrackFlush(t *testing.T) {
+	w := newWorld(t)
+	udp := netip.AddrPortFrom(harness.DemoVIP, 53)
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	src := netip.AddrPortFrom(harness.DemoClientIP, 40100)
+	exchange := func() netip.AddrPort {
+		t.Helper()
+		r, err := lab.UDPExchange(w.Client, src, udp, 512, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Server.Local
+	}
+	flush := func(args ...string) string {
+		t.Helper()
+		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"conntrack", "flush", "--pin-path", w.PinPath}, args...)...)
+		if err != nil {
+			t.Fatalf("xvs conntrack flush %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	first := exchange()
+	for range 5 {
+		if got := exchange(); got != first {
+			t.Fatalf("a UDP client keeping its port moved from %s to %s while its flow lived", first, got)
+		}
+	}
+	reply, held, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := lab.EchoCheck(held, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	if out, err := lab.Run(w.Node.NS, w.Bin, "conntrack", "flush", "--pin-path", w.PinPath); err == nil || !strings.Contains(string(out), "no filter") {
+		t.Errorf("flush without a filter: %v\n%s, want it refused", err, out)
+	}
+	if out := flush("-p", "udp", "-d", udp.String()); !strings.Contains(out, "1 flows ended") {
+		t.Errorf("flush of the UDP flow: %q, want 1 flow", out)
+	}
+	cs, err := lab.Run(w.Node.NS, w.Bin, "list", "-c", "-o", "json", "--pin-path", w.PinPath)
+	if err != nil || strings.Contains(string(cs), src.String()) || !strings.Contains(string(cs), "ESTABLISHED") {
+		t.Errorf("connections after the UDP flush (%v): want the held TCP one and not the UDP flow:\n%s", err, cs)
+	}
+	if err := lab.EchoCheck(held, 2*time.Second); err != nil {
+		t.Fatalf("the held TCP connection after the UDP flush: %v", err)
+	}
+	// Each flush makes the next datagram a new flow: balanced again, it
+	// reaches another backend sooner or later.
+	seen := map[netip.AddrPort]bool{first: true}
+	for i := 0; i < 30 && len(seen) < 2; i++ {
+		seen[exchange()] = true
+		flush("-s", src.String(), "-p", "udp")
+	}
+	if len(seen) < 2 {
+		t.Errorf("30 flushes: the UDP client stayed on %v", seen)
+	}
+
+	// The held connection, selected by its backend: ended.
+	if out := flush("-p", "tcp", "-r", reply.Local.String()); !strings.Contains(out, "1 flows ended") {
+		t.Errorf("flush of the held TCP connection by its backend %s: %q, want 1 flow", reply.Local, out)
+	}
+	if err := lab.EchoCheck(held, time.Second); err == nil {
+		t.Error("the ended TCP connection still answers")
+	}
+}

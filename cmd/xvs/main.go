@@ -5,6 +5,7 @@
 //	xvs list      show what is programmed, like ipvsadm -Ln
 //	xvs explain   what the datapath does with a packet, and why
 //	xvs monitor   the packets the datapath drops or refuses, as they happen
+//	xvs conntrack flush   end connections, as conntrack -D does
 //	xvs cleanup   detach and remove every xvs program, link and map
 //
 // A developer build (make build: go build -tags lab) adds the harness's
@@ -37,6 +38,7 @@ func commands() []command {
 		{"list", "show the programmed services (ipvsadm -Ln style)", runList},
 		{"explain", "say what the datapath does with a packet, and why", runExplain},
 		{"monitor", "print the packets the datapath drops or refuses, with the reason", runMonitor},
+		{"conntrack", "flush: end connections, as conntrack -D does (filters: -p, -s, -d, -r)", runConntrack},
 		{"cleanup", "remove every xvs program, link and pinned map", runCleanup},
 	}, extra...)
 }
