@@ -304,6 +304,14 @@ func (a *Agent) registerDatapathMetrics() error {
 			return err
 		}
 	}
+	if so, ok := a.active.dp.(slotOccupancy); ok {
+		if err := a.metrics.RegisterMapOccupancy(func() map[string][2]uint64 {
+			used, capacity := so.SlotOccupancy()
+			return map[string][2]uint64{"services": {uint64(used), uint64(capacity)}}
+		}); err != nil {
+			return err
+		}
+	}
 	ct, ok := a.active.dp.(conntrackOccupancy)
 	if !ok {
 		return nil

@@ -189,6 +189,12 @@ type (
 	conntrackOccupancy interface {
 		ConntrackOccupancy() map[string][2]uint64
 	}
+	// serviceProblems are the Problems by the ServicePort they are about.
+	serviceProblems interface {
+		ServiceProblems() map[model.ServicePortName][]string
+	}
+	// slotOccupancy reports the services map's fill and size.
+	slotOccupancy interface{ SlotOccupancy() (used, capacity int) }
 	// recoveredDatapath tells how many frontends it found programmed when
 	// it started (the first-sync guard).
 	recoveredDatapath interface{ RecoveredFrontends() int }
@@ -207,6 +213,8 @@ var (
 	_ fullSyncForcer      = (*maps.Datapath)(nil)
 	_ staleFlowCounter    = (*maps.Datapath)(nil)
 	_ conntrackOccupancy  = (*maps.Datapath)(nil)
+	_ slotOccupancy       = (*maps.Datapath)(nil)
+	_ serviceProblems     = (*maps.Datapath)(nil)
 	_ recoveredDatapath   = (*maps.Datapath)(nil)
 	_ conntrackReconciler = (*maps.Datapath)(nil)
 	_ conntrackReconciler = (*ipvs.Datapath)(nil)

@@ -61,7 +61,9 @@ type syncer struct {
 	lastRewrite time.Time
 	reported    map[controller.Problem]bool
 	dpProbs     map[string]bool
-	summary     stateSummary
+	// dpEvented are the datapath problems an Event has been recorded for.
+	dpEvented map[string]bool
+	summary   stateSummary
 	// synced is set by the first sync that reached the datapath.
 	synced bool
 }
@@ -324,6 +326,19 @@ func (s *syncer) reportDatapathProblems(probs []string) {
 	}
 	s.dpProbs = current
 	s.metrics.Problems.WithLabelValues("Datapath").Set(float64(len(probs)))
+	// A Warning Event on the Service for each new one (bounded per
+	// object, like every Event of the agent's).
+	if sp, ok := s.dp.(serviceProblems); ok && s.kube != nil {
+		for name, ps := range sp.ServiceProblems() {
+			for _, p := range ps {
+				if !s.dpEvented[p] {
+					s.kube.serviceEvent(types.NamespacedName{Namespace: name.Namespace, Name: name.Name},
+						"Warning", "XvsDatapathProblem", "xvs on node %s: %s", s.ccfg.NodeName, p)
+				}
+			}
+		}
+		s.dpEvented = current
+	}
 }
 
 // countStaleFlows adds the UDP/SCTP flows the datapath deleted for their

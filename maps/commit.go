@@ -25,6 +25,9 @@ type writeSet struct {
 	freshSvcs   []uint32
 	freshBEs    []uint32
 	undo        []backendUndo // backend entries changed for the current frontend
+	// grown is how many services-map entries the sync's writes add
+	// (before its deletes free any).
+	grown int
 
 	tables     []tableWrite
 	delTables  []xbpf.SchedKey

@@ -16,6 +16,10 @@ import (
 type Config struct {
 	MaxServices uint32
 	MaxBackends uint32
+	// MaxServiceSlots is the services map's size (heads and slots of every
+	// frontend); 0 takes the loaded map's. A ServicePort whose entries do
+	// not fit is refused alone (it keeps what it had) and retried.
+	MaxServiceSlots uint32
 	// MaglevSize is the mh lookup table size (a prime); 0 means
 	// DefaultMaglevSize.
 	MaglevSize uint32
@@ -58,8 +62,18 @@ type Datapath struct {
 	backendIDs idSpace
 
 	applied map[model.ServicePortName]*appliedService
-	owners  map[frontendKey]model.ServicePortName
-	counts  map[frontendKey]slotCounts
+	// previous holds what a ServicePort changed in this sync had applied
+	// before: what it keeps if its new state does not fit.
+	previous map[model.ServicePortName]*appliedService
+	owners   map[frontendKey]model.ServicePortName
+	counts   map[frontendKey]slotCounts
+	// slotsUsed is how many services-map entries counts describes;
+	// slotCap the map's size (0: not checked). slotsAtStart is slotsUsed
+	// when the current sync began: its writes come before its deletes,
+	// so the map holds that plus what the sync adds (writeSet.grown).
+	slotsUsed, slotCap, slotsAtStart int
+	// slotsShown is slotsUsed as of the last sync, for readers beside it.
+	slotsShown atomic.Int64
 	// backends holds every backend's ID, reference count and the mutable
 	// part of its map value as written.
 	backends map[backendKey]backendEntry
@@ -120,6 +134,16 @@ type slotCounts struct {
 	shortCircuit bool
 }
 
+// entries is how many services-map entries the counts stand for: each
+// scope's head and slots.
+func (c slotCounts) entries() int {
+	n := 1 + int(c.n[0])
+	if c.shortCircuit {
+		n += 1 + int(c.n[1])
+	}
+	return n
+}
+
 // backendEntry is one backend's bookkeeping: its ID, how many slots
 // reference it, and the weight and flags last written to its map value
 // (the rest of the value is the key).
@@ -143,6 +167,9 @@ type appliedService struct {
 // stable across agent restarts. The first Sync is a full reconcile that
 // removes whatever the maps hold beyond the desired state.
 func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
+	if cfg.MaxServiceSlots == 0 && m.Services != nil {
+		cfg.MaxServiceSlots = m.Services.MaxEntries()
+	}
 	d, err := newDatapath(bpfMaps(m), cfg)
 	if err != nil {
 		return nil, err
@@ -159,6 +186,7 @@ func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 		groupIDs:     newIDAlloc[model.ServicePortName](cfg.MaxServices),
 		backendIDs:   newIDSpace(cfg.MaxBackends),
 		applied:      map[model.ServicePortName]*appliedService{},
+		previous:     map[model.ServicePortName]*appliedService{},
 		owners:       map[frontendKey]model.ServicePortName{},
 		counts:       map[frontendKey]slotCounts{},
 		backends:     map[backendKey]backendEntry{},
@@ -168,6 +196,7 @@ func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 		recovered:    map[frontendKey]uint32{},
 		fullSync:     true,
 		maglevSize:   cfg.MaglevSize,
+		slotCap:      int(cfg.MaxServiceSlots),
 		tables:       map[xbpf.SchedKey]tableState{},
 		members:      map[xbpf.SchedKey]map[uint32]bool{},
 		node:         newNodeState(),
@@ -217,6 +246,8 @@ func (d *Datapath) recover() error {
 		return fmt.Errorf("read services map: %w", err)
 	}
 	d.recoveredFrontends = len(d.recovered)
+	d.countSlots()
+	d.slotsShown.Store(int64(d.slotsUsed))
 	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
 		bk := newBackendKey(decodeAddr(b.Addr, b.Family), ntohs(b.Port), model.Protocol(b.Proto))
 		if d.backendIDs.claim(*id) {
@@ -287,9 +318,34 @@ func (d *Datapath) Problems() []string {
 	return out
 }
 
+// ServiceProblems are Problems by the ServicePort each is about (for
+// Events on the Service).
+func (d *Datapath) ServiceProblems() map[model.ServicePortName][]string {
+	out := make(map[model.ServicePortName][]string, len(d.problems))
+	for name, ps := range d.problems {
+		if len(ps) > 0 {
+			out[name] = slices.Clone(ps)
+		}
+	}
+	return out
+}
+
 func (d *Datapath) problem(name model.ServicePortName, format string, args ...any) {
 	d.problems[name] = append(d.problems[name], fmt.Sprintf(format, args...))
 }
+
+// countSlots recomputes slotsUsed from counts (at start, and at every
+// full sync, in case a failed commit left it off).
+func (d *Datapath) countSlots() {
+	d.slotsUsed = 0
+	for _, c := range d.counts {
+		d.slotsUsed += c.entries()
+	}
+}
+
+// SlotOccupancy is the services map's entries as the last sync left them,
+// and its size (0: unknown). Safe beside a Sync (the metrics read it).
+func (d *Datapath) SlotOccupancy() (used, capacity int) { return int(d.slotsShown.Load()), d.slotCap }
 
 // Sync makes the maps match st.
 func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
@@ -312,6 +368,10 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 		return err
 	}
 
+	if d.fullSync {
+		d.countSlots()
+	}
+	d.slotsAtStart = d.slotsUsed
 	released := map[frontendKey]bool{}
 	changed := d.changed(st, released)
 	d.retry = map[model.ServicePortName]bool{}
@@ -352,6 +412,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 		return err
 	}
 	d.fullSync = false
+	d.slotsShown.Store(int64(d.slotsUsed))
 	d.appliedGen = st.Generation
 	d.recovered = map[frontendKey]uint32{}
 	return nil
@@ -363,6 +424,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 // and each removed one, applied before (its frontends go into released).
 func (d *Datapath) changed(st *model.State, released map[frontendKey]bool) []model.ServicePortName {
 	var changed []model.ServicePortName
+	clear(d.previous)
 	names, known := st.ChangedSince(d.appliedGen)
 	if d.fullSync || !known {
 		for name, sp := range st.Services {
@@ -509,6 +571,9 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 	}
 	delete(d.problems, name)
 	delete(d.applied, name)
+	if !gone {
+		d.previous[name] = a
+	}
 }
 
 // kinds maps model frontend kinds to the datapath's enum, both ways.

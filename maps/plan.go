@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,11 +40,35 @@ func backendOf(fk frontendKey, ep model.Endpoint) (backendKey, bool) {
 // once every ID it needs is allocated, so that release can recompute what
 // it took from sp and the frontends it owns.
 func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
+	prev := d.previous[name]
+	err := d.planFitting(name, sp, ws, released)
+	if errors.Is(err, errServicesFull) && prev != nil && prev.sp != nil && prev.sp != sp {
+		// Refused alone, the port keeps what it had (which fits: it is
+		// there) and is tried again.
+		if perr := d.planFitting(name, prev.sp, ws, released); perr != nil {
+			return errors.Join(err, perr)
+		}
+	}
+	return err
+}
+
+// errServicesFull: the services map cannot take a ServicePort's entries.
+var errServicesFull = errors.New("the services map is full")
+
+// planFitting is plan for sp, if the services map can take its entries.
+func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
 	a := &appliedService{sp: sp}
 	d.applied[name] = a
 	if sp == nil {
 		return nil
 	}
+	grow := d.slotGrowth(name, sp)
+	if d.slotCap > 0 && d.slotsAtStart+ws.grown+grow > d.slotCap {
+		a.sp = nil // nothing of it is programmed
+		return fmt.Errorf("%w: this port needs %d more entries, %d of %d are free (raise --bpf-max-service-slots)",
+			errServicesFull, grow, max(0, d.slotCap-d.slotsAtStart-ws.grown), d.slotCap)
+	}
+	ws.grown += grow
 	sched, err := SchedulerByName(sp.Scheduler)
 	if err != nil {
 		// One bad annotation must not stop the other services.
@@ -147,6 +172,37 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 		d.dropStaleSlots(fk, svcID, written, ws)
 	}
 	return nil
+}
+
+// slotGrowth is how many services-map entries planning sp would add to
+// what its frontends hold now: each frontend it would claim needs a head
+// and a slot per backend of its family, per scope.
+func (d *Datapath) slotGrowth(name model.ServicePortName, sp *model.ServicePort) int {
+	grow := 0
+	seen := make(map[frontendKey]bool, len(sp.Frontends))
+	for _, f := range sp.Frontends {
+		fk := keyOf(f)
+		if owner, ok := d.owners[fk]; ok && owner != name || seen[fk] {
+			continue
+		}
+		seen[fk] = true
+		sets, scopes := frontendSets(sp, f)
+		need := 0
+		for scope := range scopes {
+			need++
+			for _, ep := range sets[scope] {
+				if _, ok := backendOf(fk, ep); ok {
+					need++
+				}
+			}
+		}
+		have := 0
+		if c, ok := d.counts[fk]; ok {
+			have = c.entries()
+		}
+		grow += max(0, need-have)
+	}
+	return grow
 }
 
 // backendIDsFor returns the IDs of a set's backends of fk's family, in
@@ -392,6 +448,10 @@ func (d *Datapath) dropStaleSlots(fk frontendKey, svcID uint32, written slotCoun
 			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
 		}
 	}
+	if _, ok := d.counts[fk]; ok {
+		d.slotsUsed -= old.entries()
+	}
+	d.slotsUsed += written.entries()
 	d.counts[fk] = written
 }
 
@@ -407,6 +467,9 @@ func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
 		for s := uint16(1); s <= old.n[scope]; s++ {
 			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
 		}
+	}
+	if _, ok := d.counts[fk]; ok {
+		d.slotsUsed -= old.entries()
 	}
 	delete(d.counts, fk)
 	if id, ok := d.svcIDs.lookup(fk); ok {

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -320,5 +321,72 @@ func TestReconcileOnlyChanged(t *testing.T) {
 	hs := heads(s)
 	if hs["172.30.0.10:80/TCP/0"].Count != 1 || hs["172.30.0.11:80/TCP/0"].Count != 1 {
 		t.Fatalf("the full sync after the failure did not repair the maps: %+v", hs)
+	}
+}
+
+// TestReconcileServicesFull: a ServicePort whose entries the services map
+// cannot take is refused alone: it keeps what it had, the other changes
+// of the same sync (a growth that fits, a deletion) are applied, and once
+// the deletion has freed room it is programmed. Without the accounting
+// the map's E2BIG fails the whole sync, and with it every change.
+func TestReconcileServicesFull(t *testing.T) {
+	const slots = 10
+	d, s := memDatapath(t, Config{MaxServices: 16, MaxBackends: 64, MaxServiceSlots: slots})
+	s.services.max = slots
+	eps := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("10.244.1.%d:80", i+1))
+		}
+		return out
+	}
+	a := svcPort("a", []model.Frontend{clusterIP("172.30.0.1", 80)}, eps(3)...)
+	b := svcPort("b", []model.Frontend{clusterIP("172.30.0.2", 80)}, eps(3)...)
+	if err := memSync(t, d, a, b); err != nil {
+		t.Fatal(err)
+	}
+	count := func(vip string) int {
+		return int(heads(s)[vip+":80/TCP/0"].Count)
+	}
+	if count("172.30.0.1") != 3 || count("172.30.0.2") != 3 || len(s.services.m) != 8 {
+		t.Fatalf("start: heads %v, %d entries", heads(s), len(s.services.m))
+	}
+
+	// a grows by one (fits: 9 of 10), b by five (does not).
+	a2 := svcPort("a", a.Frontends, eps(4)...)
+	b2 := svcPort("b", b.Frontends, eps(8)...)
+	if err := memSync(t, d, a2, b2); err != nil {
+		t.Fatalf("a sync with one port that does not fit: %v", err)
+	}
+	if count("172.30.0.1") != 4 || count("172.30.0.2") != 3 {
+		t.Fatalf("after the growth: heads %v; want a with 4 backends, b with its 3", heads(s))
+	}
+	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "default/b") || !strings.Contains(ps[0], "services map is full") {
+		t.Fatalf("problems %v, want b refused for a full services map", ps)
+	}
+	if used, capacity := d.SlotOccupancy(); used != len(s.services.m) || capacity != slots {
+		t.Fatalf("occupancy %d of %d, the map holds %d of %d", used, capacity, len(s.services.m), slots)
+	}
+
+	// a is deleted: its entries go in this sync, b's retry fits in the next.
+	if err := memSync(t, d, b2); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := heads(s)["172.30.0.1:80/TCP/0"]; ok {
+		t.Fatalf("a's frontend still programmed after its deletion: %v", heads(s))
+	}
+	if err := memSync(t, d, b2); err != nil {
+		t.Fatal(err)
+	}
+	if count("172.30.0.2") != 8 || len(d.Problems()) != 0 || len(s.services.m) != 9 {
+		t.Fatalf("after a's deletion: heads %v, problems %v, %d entries", heads(s), d.Problems(), len(s.services.m))
+	}
+	// A new port that can never fit is refused, and nothing of it stays.
+	c := svcPort("c", []model.Frontend{clusterIP("172.30.0.3", 80)}, eps(5)...)
+	if err := memSync(t, d, b2, c); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := heads(s)["172.30.0.3:80/TCP/0"]; ok || count("172.30.0.2") != 8 || len(d.Problems()) != 1 {
+		t.Fatalf("a new port that does not fit: heads %v, problems %v", heads(s), d.Problems())
 	}
 }

@@ -78,6 +78,23 @@ func (m *Metrics) RegisterConntrack(read func() map[string]ConntrackTable) error
 	}})
 }
 
+// RegisterMapOccupancy exports xvs_bpf_map_entries{map} and
+// xvs_bpf_map_capacity{map} from read, called on every scrape: the BPF
+// maps whose fill the agent accounts for ("services": every frontend's
+// heads and slots; a ServicePort that would overflow it is refused alone).
+func (m *Metrics) RegisterMapOccupancy(read func() map[string][2]uint64) error {
+	entries := prometheus.NewDesc("xvs_bpf_map_entries",
+		"Entries the agent has written in each BPF map it accounts for", []string{"map"}, nil)
+	capacity := prometheus.NewDesc("xvs_bpf_map_capacity",
+		"Size of each BPF map the agent accounts for, in entries", []string{"map"}, nil)
+	return m.Registry.Register(collectorFunc{descs: []*prometheus.Desc{entries, capacity}, collect: func(ch chan<- prometheus.Metric) {
+		for name, v := range read() {
+			ch <- prometheus.MustNewConstMetric(entries, prometheus.GaugeValue, float64(v[0]), name)
+			ch <- prometheus.MustNewConstMetric(capacity, prometheus.GaugeValue, float64(v[1]), name)
+		}
+	}})
+}
+
 // collectorFunc is a collector of fixed descriptions whose values come from
 // a function at scrape time.
 type collectorFunc struct {

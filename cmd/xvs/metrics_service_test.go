@@ -87,6 +87,11 @@ func TestPrivServiceMetrics(t *testing.T) {
 	if got := value("xvs_service_backends" + http); got != float64(len(harness.DemoPodIPs)) {
 		t.Errorf("backends of %s: %v, want %d", tcp, got, len(harness.DemoPodIPs))
 	}
+	// The services map: each frontend (TCP and UDP) a head and a slot
+	// per backend.
+	if got := value(`xvs_bpf_map_entries{map="services"}`); got != 2*(1+float64(len(harness.DemoPodIPs))) {
+		t.Errorf("services map entries %v, want %d", got, 2*(1+len(harness.DemoPodIPs)))
+	}
 	if got := value("xvs_service_stats_read_errors"); got != 0 {
 		t.Errorf("read errors %v", got)
 	}
@@ -118,5 +123,8 @@ func TestPrivServiceMetrics(t *testing.T) {
 		return int(metricValue(scrape(), "xvs_service_backends"+http)), nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if got := metricValue(scrape(), `xvs_bpf_map_entries{map="services"}`); got != 2 {
+		t.Errorf("services map entries without endpoints: %v, want the 2 heads", got)
 	}
 }

@@ -49,6 +49,11 @@ func exported(t *testing.T) map[string]model.MetricType {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.RegisterMapOccupancy(func() map[string][2]uint64 {
+		return map[string][2]uint64{"services": {8, 1 << 21}}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.RegisterServices(func() ([]xmetrics.FrontendSample, error) {
 		return []xmetrics.FrontendSample{{Protocol: "TCP", Address: netip.MustParseAddrPort("10.96.0.1:443"),
 			Backends: []xmetrics.BackendSample{{Address: netip.MustParseAddrPort("192.168.0.1:6443")}}}}, nil
