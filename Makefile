@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: dashboard image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: dashboard fuzz image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -16,6 +16,7 @@ help:
 	@echo "make conformance CORPUS=dir MODE=ebpf|ipvs   run conformance scenarios (root); make conformance-report"
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make image   the xvs OCI image as a docker-save tarball, bin/xvs-image.tar (no Docker engine)"
+	@echo "make fuzz    the fuzz targets, FUZZTIME each (default 1m)"
 	@echo "make dashboard   the Grafana dashboard (deploy/monitoring) over a live run, into docs/dashboard.png; checks its alerts fire (root)"
 	@echo "make e2e     one-node Kubernetes cluster in namespaces, xvs as its proxy, upstream e2e Services specs (root; docs/E2E.md)"
 	@echo "make build | build-node | generate | generate-check | lint | deps | clean"
@@ -125,6 +126,15 @@ test-unit:
 	$(GO) test -count=1 -run 'Test[^P]' ./...
 	$(GO) -C hack/bench test -count=1 -run 'Test[^P]' ./...
 	$(GO) -C hack/monitoring test -count=1 -run 'Test[^P]' ./...
+
+# The fuzz targets, each for FUZZTIME (go test runs their seeds with the
+# other tests): the Tracker against Translate over random event orders, the
+# file source's decoder, the configuration decoder.
+FUZZTIME ?= 1m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzTrackerMatchesTranslate$$' -fuzztime $(FUZZTIME) ./controller
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifests$$' -fuzztime $(FUZZTIME) ./controller
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./config
 
 # The Grafana dashboard of deploy/monitoring over a live run (an agent, real
 # traffic, a Service that loses its endpoints), rendered from Prometheus's
