@@ -14,9 +14,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/xvs-lb/xvs/agent"
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/ipvs"
+
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
@@ -28,7 +31,7 @@ func runList(args []string) error {
 	fs := flag.NewFlagSet("list", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
 	stats := fs.Bool("stats", false, "show connection, packet and byte counters")
-	output := fs.String("o", "text", "output format: text or json")
+	output := fs.String("o", "text", "output format: text, json or yaml (their schemaVersion field names the layout: docs/configuration.md)")
 	mode := fs.String("proxy-mode", "auto", "datapath to list: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
 	rate := fs.Bool("rate", false, "show rates (ipvsadm -Ln --rate): connections, packets and bytes per second, from two reads --interval apart")
 	interval := fs.Duration("interval", time.Second, "with --rate: time between the two reads")
@@ -60,16 +63,11 @@ func runList(args []string) error {
 	if err != nil {
 		return err
 	}
-	switch *output {
-	case "json":
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(snap)
-	case "text":
+	if *output == "text" {
 		printList(os.Stdout, snap, *stats)
 		return nil
 	}
-	return fmt.Errorf("unknown output format %q", *output)
+	return printStructured(os.Stdout, *output, "xvs.list/v1", snap)
 }
 
 // listMode resolves --proxy-mode=auto: ebpf if its maps are pinned, else
@@ -256,18 +254,13 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 	if err != nil {
 		return err
 	}
-	switch output {
-	case "json":
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Connections []maps.Connection `json:"connections"`
-		}{cs})
-	case "text":
+	if output == "text" {
 		printConnections(os.Stdout, kind, cs)
 		return nil
 	}
-	return fmt.Errorf("unknown output format %q", output)
+	return printStructured(os.Stdout, output, "xvs.list.connections/v1", struct {
+		Connections []maps.Connection `json:"connections"`
+	}{cs})
 }
 
 // ipvsConnections is the kernel's IPVS connection table (ipvs mode), in
@@ -385,10 +378,8 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 		views = append(views, v)
 	}
 	switch output {
-	case "json":
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
+	case "json", "yaml":
+		return printStructured(os.Stdout, output, "xvs.list.rate/v1", struct {
 			IntervalSeconds float64    `json:"intervalSeconds"`
 			Services        []rateView `json:"services"`
 		}{d.Seconds(), views})
@@ -408,4 +399,31 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 		return w.Flush()
 	}
 	return fmt.Errorf("unknown output format %q", output)
+}
+
+// printStructured writes v as JSON or YAML with a schemaVersion field
+// naming its layout, so that scripts can tell a change of layout.
+func printStructured(out io.Writer, format, schema string, v any) error {
+	if format != "json" && format != "yaml" {
+		return fmt.Errorf("unknown output format %q", format)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	m["schemaVersion"] = schema
+	if format == "yaml" {
+		if b, err = yaml.Marshal(m); err != nil {
+			return err
+		}
+		_, err = out.Write(b)
+		return err
+	}
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(m)
 }

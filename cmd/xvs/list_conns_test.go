@@ -96,6 +96,19 @@ func TestPrivListConnections(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The structured outputs name their layout.
+	for _, c := range []struct{ args, want []string }{
+		{[]string{"-o", "yaml"}, []string{"schemaVersion: xvs.list/v1", "services:", "address: 172.30.0.10:80"}},
+		{[]string{"-o", "json"}, []string{`"schemaVersion": "xvs.list/v1"`}},
+		{[]string{"-c", "-o", "yaml"}, []string{"schemaVersion: xvs.list.connections/v1", "connections:"}},
+	} {
+		out, err := lab.Run(w.Node.NS, w.Bin, append(append([]string{"list"}, c.args...), "--pin-path", w.PinPath)...)
+		for _, want := range c.want {
+			if err != nil || !strings.Contains(string(out), want) {
+				t.Errorf("xvs list %v: %v, want %q in:\n%s", c.args, err, want, out)
+			}
+		}
+	}
 }
 
 // TestPrivListRate: `xvs list --rate` over a steady stream of connections
