@@ -188,8 +188,14 @@ func TestPrivConformanceFreshScenario(t *testing.T) {
 			t.Errorf("%s: pass=%v (reported: %v), want pass", k, pass, ok)
 		}
 	}
-	if len(got) != len(want) || len(checks) != 5 || len(ex) != 3 || res.Passed != 5+5+3 || res.Failed != 1 {
-		t.Errorf("results %v %v %v: %d passed, %d failed; want 13 and 1", got, checks, ex, res.Passed, res.Failed)
+	// xvs monitor reported the probe explain said is refused, with the
+	// reason.
+	mon := results(res, func(p conformance.ProbeResult) bool { return p.Monitor })
+	if pass, ok := mon["outsider-written/5/monitor no endpoints left"]; !ok || !pass {
+		t.Errorf("monitor check of the refused probe: pass=%v (reported: %v), want pass; all: %v", pass, ok, mon)
+	}
+	if len(got) != len(want) || len(checks) != 5 || len(ex) != 3 || len(mon) != 1 || res.Passed != 5+5+3+1 || res.Failed != 1 {
+		t.Errorf("results %v %v %v %v: %d passed, %d failed; want 14 and 1", got, checks, ex, mon, res.Passed, res.Failed)
 	}
 }
 
@@ -224,7 +230,7 @@ func TestPrivConformanceMalformed(t *testing.T) {
 			t.Errorf("%s: status %q, error %q; want malformed with %q", n, s.Status, s.Error, reason)
 		}
 	}
-	if g := status["a-good.yaml"]; g.Status != conformance.StatusFail || len(g.Probes) != 6+5+3 { // 5 agent checks, 3 explain checks
+	if g := status["a-good.yaml"]; g.Status != conformance.StatusFail || len(g.Probes) != 6+5+3+1 { // 5 agent checks, 3 explain checks, 1 monitor check
 		t.Errorf("the good scenario did not run fully: %+v", g)
 	}
 	if res.Failed != 3+1 {
