@@ -51,25 +51,7 @@ func startWorld(t *testing.T, tag string, agentArgs ...string) *harness.Single {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := harness.NewSingle(tag, bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && w.Agent != nil {
-			if log, err := os.ReadFile(w.Agent.Log); err == nil {
-				t.Logf("agent log:\n%s", log)
-			}
-		}
-		w.Close()
-	})
-	if err := w.WriteService(harness.DemoPodIPs); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.StartAgent(agentArgs...); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return harness.StartSingle(t, tag, bin, agentArgs...)
 }
 
 func podAddr(i int) netip.AddrPort {

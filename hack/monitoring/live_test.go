@@ -65,24 +65,7 @@ func TestPrivDashboardLive(t *testing.T) {
 	if out, err := exec.Command("go", "-C", "../..", "build", "-o", bin, "./cmd/xvs").CombinedOutput(); err != nil {
 		t.Fatalf("build xvs: %v\n%s", err, out)
 	}
-	w, err := harness.NewSingle("mon", bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() && w.Agent != nil {
-			if log, err := os.ReadFile(w.Agent.Log); err == nil {
-				t.Logf("agent log:\n%s", log)
-			}
-		}
-		w.Close()
-	})
-	if err := w.WriteService(harness.DemoPodIPs); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.StartAgent("--metrics-bind-address", metricsAddr); err != nil {
-		t.Fatal(err)
-	}
+	w := harness.StartSingle(t, "mon", bin, "--metrics-bind-address", metricsAddr)
 	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
 	"text/template"
 	"time"
 
@@ -235,4 +236,31 @@ func (s *Single) Close() error {
 		os.Remove(filepath.Join(s.Dir, "..", filepath.Base(s.Dir)+"-agent.log"))
 	}
 	return err
+}
+
+// StartSingle builds the single-node world for a test (namespaces under
+// tag, bin as the agent), writes the demo Service with every pod and
+// starts the agent with agentArgs. The world goes away with the test, and
+// the agent's log is shown when the test failed.
+func StartSingle(t testing.TB, tag, bin string, agentArgs ...string) *Single {
+	t.Helper()
+	w, err := NewSingle(tag, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && w.Agent != nil {
+			if log, err := os.ReadFile(w.Agent.Log); err == nil {
+				t.Logf("agent log:\n%s", log)
+			}
+		}
+		w.Close()
+	})
+	if err := w.WriteService(DemoPodIPs); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.StartAgent(agentArgs...); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
