@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 
+	mobyipvs "github.com/moby/ipvs"
+
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/maps"
@@ -113,7 +115,11 @@ func frontendSamples(dp Datapath, names *frontendNames) func() ([]xmetrics.Front
 			if err != nil {
 				return nil, err
 			}
-			return samplesOfIPVS(list), nil
+			out := samplesOfSnapshot(SnapshotOfIPVS(list, true))
+			for i := range out {
+				out[i].Kind = "" // IPVS does not know it; the State names it below
+			}
+			return out, nil
 		}
 	default:
 		return nil
@@ -150,19 +156,32 @@ func samplesOfSnapshot(snap *maps.Snapshot) []xmetrics.FrontendSample {
 	return out
 }
 
-func samplesOfIPVS(list []ipvs.ServiceView) []xmetrics.FrontendSample {
-	out := make([]xmetrics.FrontendSample, 0, len(list))
-	for _, s := range list {
-		f := xmetrics.FrontendSample{Protocol: s.Protocol.String(), Address: s.Address, Counts: xmetrics.Counts{
-			Conns: uint64(s.Stats.Connections), PacketsIn: uint64(s.Stats.PacketsIn), PacketsOut: uint64(s.Stats.PacketsOut),
-			BytesIn: s.Stats.BytesIn, BytesOut: s.Stats.BytesOut}}
-		for _, r := range s.Reals {
-			f.Backends = append(f.Backends, xmetrics.BackendSample{Address: r.Address, Weight: uint16(r.Weight),
-				Active: r.ActiveConns, Inactive: r.InactiveConns, Counts: xmetrics.Counts{
-					Conns: uint64(r.Stats.Connections), PacketsIn: uint64(r.Stats.PacketsIn), PacketsOut: uint64(r.Stats.PacketsOut),
-					BytesIn: r.Stats.BytesIn, BytesOut: r.Stats.BytesOut}})
+// SnapshotOfIPVS is the kernel's IPVS table in the listing's shape (`xvs
+// list` in ipvs mode, and the per-Service metrics); stats adds the
+// kernel's counters.
+func SnapshotOfIPVS(list []ipvs.ServiceView, stats bool) *maps.Snapshot {
+	snap := &maps.Snapshot{Services: []maps.ServiceView{}}
+	counts := func(st mobyipvs.SvcStats) xbpf.Stats {
+		if !stats {
+			return xbpf.Stats{}
 		}
-		out = append(out, f)
+		return xbpf.Stats{Conns: uint64(st.Connections), PacketsIn: uint64(st.PacketsIn), PacketsOut: uint64(st.PacketsOut),
+			BytesIn: st.BytesIn, BytesOut: st.BytesOut}
 	}
-	return out
+	for _, s := range list {
+		v := maps.ServiceView{
+			Protocol: s.Protocol.String(), Address: s.Address, Kind: "ipvs", Scheduler: s.Scheduler,
+			Backends: []maps.BackendView{}, Stats: counts(s.Stats),
+		}
+		if s.Persistent {
+			v.Flags = append(v.Flags, "persistent")
+			v.Affinity = s.Timeout
+		}
+		for _, r := range s.Reals {
+			v.Backends = append(v.Backends, maps.BackendView{Address: r.Address, Weight: uint16(r.Weight),
+				ActiveConns: r.ActiveConns, InactiveConns: r.InactiveConns, Stats: counts(r.Stats)})
+		}
+		snap.Services = append(snap.Services, v)
+	}
+	return snap
 }

@@ -193,33 +193,7 @@ func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap := &maps.Snapshot{Services: []maps.ServiceView{}}
-	for _, s := range list {
-		v := maps.ServiceView{
-			Protocol: s.Protocol.String(), Address: s.Address, Kind: "ipvs", Scheduler: s.Scheduler,
-			Backends: []maps.BackendView{},
-		}
-		if s.Persistent {
-			v.Flags = append(v.Flags, "persistent")
-			v.Affinity = s.Timeout
-		}
-		if stats {
-			v.Stats.Conns = uint64(s.Stats.Connections)
-			v.Stats.PacketsIn, v.Stats.PacketsOut = uint64(s.Stats.PacketsIn), uint64(s.Stats.PacketsOut)
-			v.Stats.BytesIn, v.Stats.BytesOut = s.Stats.BytesIn, s.Stats.BytesOut
-		}
-		for _, r := range s.Reals {
-			b := maps.BackendView{Address: r.Address, Weight: uint16(r.Weight), ActiveConns: r.ActiveConns, InactiveConns: r.InactiveConns}
-			if stats {
-				b.Stats.Conns = uint64(r.Stats.Connections)
-				b.Stats.PacketsIn, b.Stats.PacketsOut = uint64(r.Stats.PacketsIn), uint64(r.Stats.PacketsOut)
-				b.Stats.BytesIn, b.Stats.BytesOut = r.Stats.BytesIn, r.Stats.BytesOut
-			}
-			v.Backends = append(v.Backends, b)
-		}
-		snap.Services = append(snap.Services, v)
-	}
-	return snap, nil
+	return agent.SnapshotOfIPVS(list, stats), nil
 }
 
 // parseFrontend reads ADDR:PORT or a bare ADDR (port 0: every port).
