@@ -48,6 +48,8 @@ type Options struct {
 	// perBackendMetrics exports the per-backend series of the per-Service
 	// metrics (--metrics-per-backend).
 	perBackendMetrics bool
+	// flags is the parsed command line, for /flagz (nil: no /flagz).
+	flags *pflag.FlagSet
 }
 
 // settings is what the datapath start-up (datapath.go) reads: the resolved
@@ -99,6 +101,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	o.flags = fs
 	if err := o.Options.Complete(); err != nil {
 		return err
 	}
@@ -238,6 +241,9 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	for name, on := range config.KnownFeatureGates {
 		feature.RecordFeatureInfo(ctx, name, "", on)
 	}
+	for name, g := range config.SwitchableFeatureGates {
+		feature.RecordFeatureInfo(ctx, name, g.Stage, config.FeatureEnabled(c, name))
+	}
 	for _, fd := range config.Unsupported(c) {
 		log.Warn("Configuration field not supported by xvs; it has no effect", "field", fd.Field, "value", fd.Value, "reason", fd.Reason)
 		a.metrics.UnsupportedConfig.WithLabelValues(fd.Field).Set(1)
@@ -275,7 +281,7 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	a.runner = runner.New(runner.Config{MinInterval: c.IPVS.MinSyncPeriod.Duration, MaxInterval: c.IPVS.SyncPeriod.Duration,
 		RetryInterval: time.Second}, a.syncer.sync)
 	a.syncer.trigger = a.runner.Run
-	stopHTTP, err := serveHTTP(log, c, a.syncer, a.active.dp.Mode(), a.metrics)
+	stopHTTP, err := serveHTTP(log, c, o.flags, a.syncer, a.active.dp.Mode(), a.metrics)
 	if err != nil {
 		return nil, err
 	}

@@ -11,48 +11,29 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"github.com/spf13/pflag"
 	kpv1 "k8s.io/kube-proxy/config/v1alpha1"
 
+	"github.com/xvs-lb/xvs/config"
 	"github.com/xvs-lb/xvs/healthcheck"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 	"github.com/xvs-lb/xvs/version"
 )
 
 // serveHTTP starts kube-proxy's two servers: /healthz, /livez and /readyz on
-// healthzBindAddress, /metrics, /proxyMode and /configz (and /debug/pprof with
-// enableProfiling) on metricsBindAddress. An empty address disables a
-// server. A server that cannot listen is fatal with bindAddressHardFail,
-// else logged. stop shuts the servers down and waits for running
-// handlers: call it before closing what they read (the BPF maps).
-func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, s *syncer, mode string, m *xmetrics.Metrics) (stop func(), err error) {
+// healthzBindAddress, and metricsMux on metricsBindAddress. An empty
+// address disables a server. A server that cannot listen is fatal with
+// bindAddressHardFail, else logged. stop shuts the servers down and waits
+// for running handlers: call it before closing what they read (the BPF
+// maps).
+func serveHTTP(log *slog.Logger, c *kpv1.KubeProxyConfiguration, flags *pflag.FlagSet, s *syncer, mode string, m *xmetrics.Metrics) (stop func(), err error) {
 	log.Info("xvs version", "version", version.Version(), "commit", version.GitCommit(), "built", version.BuildDate())
 	if err := m.Registry.Register(version.BuildInfo()); err != nil {
 		return nil, err
 	}
-	metricsMux := http.NewServeMux()
-	metricsMux.Handle("/metrics", m.Handler())
-	metricsMux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		fmt.Fprint(w, mode)
-	})
-	// kube-proxy's /configz: the configuration in effect, keyed by its
-	// group (here the v1alpha1 form the file is written in).
-	configz, err := json.Marshal(map[string]any{"kubeproxy.config.k8s.io": c})
+	metricsMux, err := metricsMux(c, flags, mode, m.Handler())
 	if err != nil {
 		return nil, err
-	}
-	metricsMux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		_, _ = w.Write(configz)
-	})
-	if c.EnableProfiling {
-		metricsMux.HandleFunc("/debug/pprof/", pprof.Index)
-		metricsMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		metricsMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		metricsMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		metricsMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	var errs []error
 	var servers []*http.Server
@@ -104,3 +85,59 @@ func listenAndServe(addr string, h http.Handler) (*http.Server, error) {
 	go func() { _ = healthcheck.Serve(srv, ln) }()
 	return srv, nil
 }
+
+// metricsMux is the metrics server's mux, kube-proxy's paths: /metrics,
+// /healthz (a liveness ping of the server itself, as kube-proxy's metrics
+// server has; the proxy's health is on healthzBindAddress), /proxyMode,
+// /configz, and, behind the feature gates kube-proxy checks, /flagz (the
+// command line as parsed, flags nil: none) and /statusz (start time,
+// uptime, Go and binary version, the paths served) (zpages.go); /debug/pprof with enableProfiling.
+func metricsMux(c *kpv1.KubeProxyConfiguration, flags *pflag.FlagSet, mode string, metrics http.Handler) (*http.ServeMux, error) {
+	mux := http.NewServeMux()
+	paths := []string{"/configz", "/healthz", "/metrics", "/proxyMode"}
+	mux.Handle("/metrics", metrics)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, "ok")
+	})
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, mode)
+	})
+	// kube-proxy's /configz: the configuration in effect, keyed by its
+	// group (here the v1alpha1 form the file is written in).
+	configz, err := json.Marshal(map[string]any{"kubeproxy.config.k8s.io": c})
+	if err != nil {
+		return nil, err
+	}
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write(configz)
+	})
+	if c.EnableProfiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		paths = append(paths, "/debug/pprof")
+	}
+	if flags != nil && config.FeatureEnabled(c, "ComponentFlagz") {
+		mux.Handle("/flagz", flagzHandler(flags))
+		paths = append(paths, "/flagz")
+	}
+	if config.FeatureEnabled(c, "ComponentStatusz") {
+		paths = append(paths, "/statusz")
+		mux.Handle("/statusz", statuszHandler(processStart, paths))
+	}
+	return mux, nil
+}
+
+// componentName is what the z-pages call the component.
+const componentName = "xvs"
+
+// processStart is when the process started, near enough (/statusz).
+var processStart = time.Now()

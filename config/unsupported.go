@@ -32,6 +32,27 @@ var KnownFeatureGates = map[string]bool{
 	"PreferSameTrafficDistribution": true,
 }
 
+// SwitchableFeatureGates are the kube-proxy v1.37 gates xvs honours either
+// way, with their default and stage: the z-pages of the metrics server
+// (component-base's ComponentFlagz and ComponentStatusz, beta and on since
+// v1.36), which kube-proxy installs only while they are on.
+var SwitchableFeatureGates = map[string]struct {
+	Default bool
+	Stage   string
+}{
+	"ComponentFlagz":   {true, "BETA"},
+	"ComponentStatusz": {true, "BETA"},
+}
+
+// FeatureEnabled is a SwitchableFeatureGates gate's value in c: what
+// featureGates says, else its default.
+func FeatureEnabled(c *kpv1.KubeProxyConfiguration, name string) bool {
+	if v, ok := c.FeatureGates[name]; ok {
+		return v
+	}
+	return SwitchableFeatureGates[name].Default
+}
+
 // Unsupported lists every field of c that xvs does not honour in the
 // configured mode and that is set to something other than kube-proxy's
 // default or zero value. c should be defaulted (SetDefaults) first. The
@@ -122,7 +143,9 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 
 	for name, v := range c.FeatureGates {
 		want, known := KnownFeatureGates[name]
+		_, switchable := SwitchableFeatureGates[name]
 		switch {
+		case switchable:
 		case !known:
 			add("featureGates."+name, v, "not a kube-proxy v1.37 gate xvs knows; its behaviour is whatever docs/configuration.md says")
 		case v != want:

@@ -486,6 +486,15 @@ func TestPrivKubeAgent(t *testing.T) {
 			configz["kubeproxy.config.k8s.io"].Mode != "ebpf" || configz["kubeproxy.config.k8s.io"].HostnameOverride != "node" {
 			t.Fatalf("/configz %d %v: %s", code, err, cz)
 		}
+		// kube-proxy's z-pages (agent/zpages.go): the command line the
+		// agent was started with, and what it is.
+		if code, _, fz, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/flagz"); err != nil || code != 200 ||
+			!regexp.MustCompile(`(?m)^hostname-override(:|: |=| )node$`).MatchString(fz) {
+			t.Fatalf("/flagz %d %v:\n%s", code, err, fz)
+		}
+		if code, _, sz, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/statusz"); err != nil || code != 200 || !strings.Contains(sz, "Binary version") {
+			t.Fatalf("/statusz %d %v:\n%s", code, err, sz)
+		}
 		m := w.metricsText(t)
 		if n := metricValue(m, `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`); n < 10 {
 			t.Errorf("network programming latency observed %v times, want >= 10", n)
