@@ -50,6 +50,8 @@ type Options struct {
 	perBackendMetrics bool
 	// flags is the parsed command line, for /flagz (nil: no /flagz).
 	flags *pflag.FlagSet
+	// servicesFile is --services-file (publish.go).
+	servicesFile string
 }
 
 // settings is what the datapath start-up (datapath.go) reads: the resolved
@@ -92,6 +94,7 @@ func RouteKlog(log *slog.Logger, v int) {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Options.AddFlags(fs)
 	o.mode.register(fs)
+	fs.StringVar(&o.servicesFile, "services-file", "", "where to publish the Service names and endpoint states of what the datapath serves, for xvs list (default /run/xvs/services-<netns inode>.json; \"none\": not published)")
 	fs.BoolVar(&o.perBackendMetrics, "metrics-per-backend", true, "export the per-Service metrics per backend too (xvs_backend_*: one series per frontend and backend; turn off on nodes with very many endpoints, docs/metrics.md)")
 }
 
@@ -144,6 +147,11 @@ func conntrackFromConfig(m *modeFlags, o *config.Options) {
 // removes every mode's rules.
 func Cleanup(log *slog.Logger, o *Options) error {
 	err := CleanupPins(o.PinPath)
+	if f := o.servicesFilePath(); f != "" {
+		if rerr := os.Remove(f); rerr != nil && !os.IsNotExist(rerr) {
+			err = errors.Join(err, rerr)
+		}
+	}
 	icfg, cerr := o.mode.ipvsConfig("", log)
 	if cerr == nil && ipvs.HasState(icfg) {
 		err = errors.Join(err, ipvs.Cleanup(icfg))
@@ -270,7 +278,7 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	}
 	a.syncer = newSyncer(syncerConfig{
 		log: log, tracker: a.tracker, dp: a.active.dp, metrics: a.metrics,
-		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: a.ccfg, kube: a.kube,
+		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: a.ccfg, kube: a.kube, servicesFile: o.servicesFilePath(),
 	})
 	a.closers = append(a.closers, a.syncer.svcHealth.Close)
 	if read := frontendSamples(a.active.dp, a.syncer.summary.names); read != nil {
@@ -373,10 +381,26 @@ func (a *Agent) Run(ctx context.Context) error {
 			"maxBackends", ms.MaxBackends, "maxServiceSlots", ms.MaxServiceSlots, "conntrackSize", ms.ConntrackSize)
 	}
 	log.Info("xvs agent running", attrs...)
+	if pub := a.syncer.summary.pub; pub != nil {
+		done := make(chan struct{})
+		go func() { pub.run(ctx, time.Second); close(done) }()
+		defer func() { <-done }() // it removes the file once ctx ends
+	}
 	a.runner.Run()
 	a.runner.Loop(ctx)
 	log.Info("xvs agent stopping; the datapath stays in place")
 	return nil
+}
+
+// servicesFilePath resolves --services-file.
+func (o *Options) servicesFilePath() string {
+	switch o.servicesFile {
+	case "none":
+		return ""
+	case "":
+		return DefaultServicesFile()
+	}
+	return o.servicesFile
 }
 
 // attach puts the programs on the selected devices, and on devices that

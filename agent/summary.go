@@ -23,6 +23,9 @@ type stateSummary struct {
 	// names, when set, follows the frontends' owners for the per-Service
 	// metrics, which read it beside the sync loop (under its lock).
 	names *frontendNames
+	// pub, when set, follows the ports for the Services file (under its
+	// lock; publish.go).
+	pub *servicesPublisher
 }
 
 // update brings the summary to st: through st's delta when it starts at
@@ -33,6 +36,10 @@ func (s *stateSummary) update(st *model.State) {
 	if s.names != nil {
 		s.names.mu.Lock()
 		defer s.names.mu.Unlock()
+	}
+	if s.pub != nil {
+		s.pub.mu.Lock()
+		defer s.pub.mu.Unlock()
 	}
 	switch d := st.Delta; {
 	case s.last != nil && st.Generation != 0 && st.Generation == s.last.Generation:
@@ -46,9 +53,12 @@ func (s *stateSummary) update(st *model.State) {
 			}
 		}
 	default:
-		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}, names: s.names}
+		*s = stateSummary{noLocal: map[[2]string]int{}, hcPorts: map[model.ServicePortName]*model.ServicePort{}, names: s.names, pub: s.pub}
 		if s.names != nil {
 			s.names.reset()
+		}
+		if s.pub != nil {
+			s.pub.reset()
 		}
 		for _, sp := range st.Services {
 			s.count(sp, 1)
@@ -61,6 +71,9 @@ func (s *stateSummary) update(st *model.State) {
 func (s *stateSummary) count(sp *model.ServicePort, by int) {
 	if s.names != nil {
 		s.names.count(sp, by)
+	}
+	if s.pub != nil {
+		s.pub.count(sp, by)
 	}
 	for _, f := range sp.Frontends {
 		s.frontends[familyIndex(f.Addr)] += by

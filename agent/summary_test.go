@@ -36,11 +36,14 @@ func TestStateSummaryFollowsDeltas(t *testing.T) {
 			Delta: &model.Delta{Since: 2, Names: []model.ServicePortName{a.Name, b.Name}}},
 	}
 	states[2].Delta.Old = []*model.ServicePort{a, states[1].Services[b.Name]}
-	s := stateSummary{names: newFrontendNames()}
+	s := stateSummary{names: newFrontendNames(), pub: newServicesPublisher(nil, "")}
 	for i, st := range states {
 		s.update(st)
-		fresh := stateSummary{names: newFrontendNames()}
+		fresh := stateSummary{names: newFrontendNames(), pub: newServicesPublisher(nil, "")}
 		fresh.update(&model.State{Services: st.Services})
+		if !reflect.DeepEqual(s.pub.ports, fresh.pub.ports) {
+			t.Errorf("state %d: published ports through deltas %v, counted %v", i+1, s.pub.ports, fresh.pub.ports)
+		}
 		if s.frontends != fresh.frontends || !reflect.DeepEqual(s.healthCheckServices(), fresh.healthCheckServices()) {
 			t.Errorf("state %d: through deltas %+v %v, counted %+v %v", i+1, s.frontends, s.healthCheckServices(), fresh.frontends, fresh.healthCheckServices())
 		}

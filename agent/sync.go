@@ -29,6 +29,9 @@ type syncerConfig struct {
 	fullSyncPeriod time.Duration
 	ccfg           controller.Config
 	kube           *kubeClient // nil with the file source
+	// servicesFile is where the Services file is published (publish.go;
+	// "": not published).
+	servicesFile string
 }
 
 // syncer is the body of the sync loop: Tracker.Build, Datapath.Sync, then
@@ -85,6 +88,9 @@ func newSyncer(cfg syncerConfig) *syncer {
 	}
 	s := &syncer{syncerConfig: cfg, reported: map[controller.Problem]bool{}, dpProbs: map[string]bool{},
 		summary: stateSummary{names: newFrontendNames()}}
+	if cfg.servicesFile != "" {
+		s.summary.pub = newServicesPublisher(cfg.log, cfg.servicesFile)
+	}
 	m := cfg.metrics
 	// kube-proxy's health timeout is twice syncPeriod.
 	s.health = healthcheck.NewProxyHealth(2*cfg.syncPeriod, healthcheck.Counters{
@@ -215,6 +221,9 @@ func (s *syncer) sync(ctx context.Context) error {
 	}
 	took := end.Sub(start)
 	s.summary.update(b.State)
+	if s.summary.pub != nil {
+		s.summary.pub.changed()
+	}
 	s.countStaleFlows(fams)
 	s.metrics.ObserveSync(fams, b.Full, took, end)
 	if r, ok := s.dp.(conntrackReconciler); ok {

@@ -38,6 +38,9 @@ type Connection struct {
 	Flags   []string `json:"flags,omitempty"`
 	Packets uint32   `json:"packets"`
 	Bytes   uint32   `json:"bytes"`
+	// Service owns Virtual, as the running agent publishes it; nil
+	// without one.
+	Service *ServiceRef `json:"service,omitempty"`
 }
 
 var ctStateNames = map[xbpf.CtState]string{

@@ -46,6 +46,26 @@ type ServiceView struct {
 	// sources of an externalTrafficPolicy=Local frontend.
 	ShortCircuit []BackendView `json:"shortCircuit,omitempty"`
 	Stats        xbpf.Stats    `json:"stats"`
+	// Service is the Service port that owns the frontend, as the running
+	// agent publishes it (the maps hold addresses only); nil without one.
+	Service *ServiceRef `json:"service,omitempty"`
+}
+
+// ServiceRef names a Service port and what the frontend is to it
+// (ClusterIP, NodePort, ExternalIP, LoadBalancer).
+type ServiceRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Port      string `json:"port"`
+	Kind      string `json:"kind"`
+}
+
+func (r *ServiceRef) String() string {
+	s := r.Namespace + "/" + r.Name
+	if r.Port != "" {
+		s += ":" + r.Port
+	}
+	return s
 }
 
 // BackendView is one backend of a frontend (an IPVS real server).
@@ -59,6 +79,9 @@ type BackendView struct {
 	ActiveConns   int        `json:"activeConns"`
 	InactiveConns int        `json:"inactiveConns"`
 	Stats         xbpf.Stats `json:"stats"`
+	// State is the endpoint's EndpointSlice state as the running agent
+	// publishes it: ready, serving-terminating, terminating; "" unknown.
+	State string `json:"state,omitempty"`
 }
 
 var verdictNames = map[xbpf.Verdict]string{

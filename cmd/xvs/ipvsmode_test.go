@@ -126,7 +126,8 @@ func TestPrivIPVSTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatalf("xvs list: %v: %s", err, list)
 	}
-	for _, want := range []string{"xvs (IPVS) virtual servers", "TCP  172.30.0.10:80 rr", "UDP  172.30.0.10:53 rr", "-> 10.244.0.12:8080"} {
+	for _, want := range []string{"xvs (IPVS) virtual servers", "TCP  172.30.0.10:80 rr", "UDP  172.30.0.10:53 rr", "-> 10.244.0.12:8080",
+		"  demo/web:http\n", "  demo/web:dns\n", "ready\n"} {
 		if !strings.Contains(string(list), want) {
 			t.Errorf("xvs list lacks %q:\n%s", want, list)
 		}

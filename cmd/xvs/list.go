@@ -50,11 +50,16 @@ func runList(args []string) error {
 		})
 	}
 	ic := ipvsListFlags(fs)
+	servicesFile := fs.String("services-file", "", "the agent's --services-file: Service names and endpoint states (default /run/xvs/services-<netns inode>.json)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	names, err := agent.ReadServicesFile(*servicesFile)
+	if err != nil {
+		slog.Warn("No Service names", "err", err)
+	}
 	if conns {
-		return listConnections(*mode, *pinPath, *output, filter)
+		return listConnections(*mode, *pinPath, *output, filter, names)
 	}
 	if *rate {
 		return listRates(*mode, *pinPath, *output, *interval, *ic)
@@ -62,6 +67,9 @@ func runList(args []string) error {
 	snap, err := readSnapshot(*mode, *pinPath, *stats, *ic)
 	if err != nil {
 		return err
+	}
+	if names != nil {
+		names.Annotate(snap)
 	}
 	if *output == "text" {
 		printList(os.Stdout, snap, *stats)
@@ -105,8 +113,8 @@ func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 		fmt.Fprintln(w, "Prot LocalAddress:Port\tConns\tInPkts\tOutPkts\tInBytes\tOutBytes")
 		fmt.Fprintln(w, "  -> RemoteAddress:Port\t\t\t\t\t")
 	} else {
-		fmt.Fprintln(w, "Prot LocalAddress:Port Scheduler Flags")
-		fmt.Fprintln(w, "  -> RemoteAddress:Port\tForward\tWeight\tActiveConn\tInActConn")
+		fmt.Fprintln(w, "Prot LocalAddress:Port Scheduler Flags  Service")
+		fmt.Fprintln(w, "  -> RemoteAddress:Port\tForward\tWeight\tActiveConn\tInActConn\tState")
 	}
 	for _, s := range snap.Services {
 		if stats {
@@ -132,9 +140,12 @@ func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
 		} else {
 			line += fmt.Sprintf(" (%s)", s.Kind)
 		}
+		if s.Service != nil {
+			line += "  " + s.Service.String()
+		}
 		fmt.Fprintln(w, line)
 		for _, b := range s.Backends {
-			fmt.Fprintf(w, "  -> %s\tMasq\t%d\t%d\t%d\n", b.Address, b.Weight, b.ActiveConns, b.InactiveConns)
+			fmt.Fprintf(w, "  -> %s\tMasq\t%d\t%d\t%d\t%s\n", b.Address, b.Weight, b.ActiveConns, b.InactiveConns, b.State)
 		}
 	}
 	if stats && len(snap.Verdicts) > 0 {
@@ -167,10 +178,17 @@ func runCleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
 	ic := ipvsListFlags(fs)
+	servicesFile := fs.String("services-file", "", "the agent's --services-file (default /run/xvs/services-<netns inode>.json)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	err := agent.CleanupPins(*pinPath)
+	if *servicesFile == "" {
+		*servicesFile = agent.DefaultServicesFile()
+	}
+	if rerr := os.Remove(*servicesFile); rerr != nil && !os.IsNotExist(rerr) {
+		err = errors.Join(err, rerr)
+	}
 	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
 	if ipvs.HasState(*ic) {
 		err = errors.Join(err, ipvs.Cleanup(*ic))
@@ -210,7 +228,7 @@ func parseFrontend(v string) (netip.AddrPort, error) {
 
 // listConnections prints the live flows as ipvsadm -Lnc prints IPVS
 // connections (ebpf mode: the conntrack tables of the pinned maps).
-func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) error {
+func listConnections(mode, pinPath, output string, f maps.ConnectionFilter, names *agent.ServicesFile) error {
 	var cs []maps.Connection
 	var err error
 	kind := "eBPF"
@@ -227,6 +245,9 @@ func listConnections(mode, pinPath, output string, f maps.ConnectionFilter) erro
 	}
 	if err != nil {
 		return err
+	}
+	if names != nil {
+		names.AnnotateConnections(cs)
 	}
 	if output == "text" {
 		printConnections(os.Stdout, kind, cs)
@@ -260,9 +281,13 @@ func printConnections(out io.Writer, kind string, cs []maps.Connection) {
 	masq := slices.ContainsFunc(cs, func(c maps.Connection) bool { return c.Masquerade.IsValid() })
 	w := tabwriter.NewWriter(out, 0, 8, 1, ' ', 0)
 	fmt.Fprintf(w, "xvs (%s) connection entries\n", kind)
+	named := slices.ContainsFunc(cs, func(c maps.Connection) bool { return c.Service != nil })
 	head := "pro	expire	state	source	virtual	destination"
 	if masq {
 		head += "	masquerade"
+	}
+	if named {
+		head += "	service"
 	}
 	fmt.Fprintln(w, head)
 	for _, c := range cs {
@@ -271,6 +296,13 @@ func printConnections(out io.Writer, kind string, cs []maps.Connection) {
 		if masq {
 			if c.Masquerade.IsValid() {
 				line += "	" + c.Masquerade.String()
+			} else {
+				line += "	-"
+			}
+		}
+		if named {
+			if c.Service != nil {
+				line += "	" + c.Service.String()
 			} else {
 				line += "	-"
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -62,6 +63,10 @@ func TestPrivListConnections(t *testing.T) {
 		!got.Replied || got.Expires < 23*time.Hour {
 		t.Errorf("listed %+v, want TCP %s -> %s -> %s ESTABLISHED, replied, ~24h to live", *got, src, tcp, reply.Local)
 	}
+	// The running agent names the Service port (agent/publish.go).
+	if got.Service == nil || got.Service.String() != "demo/web:http" || got.Service.Kind != "ClusterIP" {
+		t.Errorf("connection's Service %+v, want demo/web:http (ClusterIP)", got.Service)
+	}
 	if !slices.ContainsFunc(cs, func(c maps.Connection) bool {
 		return c.Protocol == "UDP" && c.Virtual == udp && c.Source.Addr() == harness.DemoClientIP && c.State == "UDP"
 	}) {
@@ -79,7 +84,7 @@ func TestPrivListConnections(t *testing.T) {
 	}
 	if out, err := lab.Run(w.Node.NS, w.Bin, "list", "-c", "--pin-path", w.PinPath); err != nil || !slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool {
 		return strings.HasPrefix(l, "TCP") && strings.Contains(l, "ESTABLISHED") && strings.Contains(l, src.String()) &&
-			strings.Contains(l, tcp.String()) && strings.Contains(l, reply.Local.String())
+			strings.Contains(l, tcp.String()) && strings.Contains(l, reply.Local.String()) && strings.HasSuffix(strings.TrimSpace(l), "demo/web:http")
 	}) {
 		t.Errorf("text listing lacks the connection (%v):\n%s", err, out)
 	}
@@ -95,6 +100,28 @@ func TestPrivListConnections(t *testing.T) {
 			t.Fatalf("after close: %+v, want TIME_WAIT", got)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The virtual servers with their Service ports and endpoint states,
+	// and the same in the text form.
+	out, err := lab.Run(w.Node.NS, w.Bin, "list", "-o", "json", "--pin-path", w.PinPath)
+	var snap maps.Snapshot
+	if err != nil || json.Unmarshal(out, &snap) != nil {
+		t.Fatalf("xvs list -o json: %v\n%s", err, out)
+	}
+	for _, sv := range snap.Services {
+		want := map[string]string{"TCP": "demo/web:http", "UDP": "demo/web:dns"}[sv.Protocol]
+		if sv.Service == nil || sv.Service.String() != want || sv.Service.Kind != "ClusterIP" || len(sv.Backends) != len(harness.DemoPodIPs) {
+			t.Errorf("%s %s: Service %+v with %d backends, want %s (ClusterIP) with %d", sv.Protocol, sv.Address, sv.Service, len(sv.Backends), want, len(harness.DemoPodIPs))
+		}
+		for _, b := range sv.Backends {
+			if b.State != "ready" {
+				t.Errorf("%s %s backend %s: state %q, want ready", sv.Protocol, sv.Address, b.Address, b.State)
+			}
+		}
+	}
+	if out, err := lab.Run(w.Node.NS, w.Bin, "list", "--pin-path", w.PinPath); err != nil ||
+		!regexp.MustCompile(`(?m)^TCP  172\.30\.0\.10:80 .*  demo/web:http$`).Match(out) || !regexp.MustCompile(`(?m)^  -> 10\.244\.0\.11:8080 .* ready$`).Match(out) {
+		t.Errorf("text listing lacks the names and states (%v):\n%s", err, out)
 	}
 	// The structured outputs name their layout.
 	for _, c := range []struct{ args, want []string }{
