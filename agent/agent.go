@@ -14,7 +14,6 @@ package agent
 import (
 	"context"
 	"errors"
-	goflag "flag"
 	"fmt"
 	"log/slog"
 	"math"
@@ -28,6 +27,9 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/metrics/prometheus/feature"
+	"github.com/go-logr/logr"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json, as kube-proxy links it
 	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/config"
@@ -67,26 +69,18 @@ func (o *Options) settings() settings {
 	return settings{pinPath: o.PinPath, scheduler: o.Config.IPVS.Scheduler, disableRevNATDbg: o.DisableRevNATDbg, mode: o.mode}
 }
 
-// NewLogger is the agent's logger: text or json (kube-proxy's
-// logging.format) on standard error, at verbosity v (0 info, 2+ debug).
-func NewLogger(format string, v int) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if v >= 2 {
-		opts.Level = slog.LevelDebug
+// NewLogger applies the logging configuration as kube-proxy does
+// (component-base: --logging-format text, klog's header and key="value"
+// pairs, or json; -v and --vmodule; the --log-* options) and returns the
+// agent's logger, which writes through klog, so that the agent's lines,
+// client-go's and component-base's are one stream in one format. slog's
+// levels become klog's severities (Warn a W line, Error an E line) and
+// Debug is verbosity 4.
+func NewLogger(c *logsapi.LoggingConfiguration) (*slog.Logger, error) {
+	if err := logsapi.ValidateAndApply(c, nil); err != nil {
+		return nil, err
 	}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
-}
-
-// RouteKlog sends client-go's klog output through log, at verbosity v, so
-// that the agent has one log stream in one format.
-func RouteKlog(log *slog.Logger, v int) {
-	fs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("v", strconv.Itoa(v))
-	klog.SetSlogLogger(log)
+	return slog.New(logr.ToSlogHandler(klog.Background())), nil
 }
 
 // AddFlags registers the agent's flags on fs: kube-proxy's and xvs's

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1 "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/xvs-lb/xvs/model"
@@ -113,6 +114,9 @@ func SetDefaults(c *kpv1.KubeProxyConfiguration) {
 	if c.Mode == "" {
 		c.Mode = ModeEBPF
 	}
+	// component-base's logging defaults (format text, a 5 s flush), as
+	// kube-proxy's defaulting sets them.
+	logsapi.SetRecommendedLoggingConfiguration(&c.Logging)
 	// A bare IP takes the server's default port, as in kube-proxy.
 	if c.HealthzBindAddress == "" {
 		c.HealthzBindAddress = DefaultHealthzBindAddress

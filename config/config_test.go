@@ -289,7 +289,7 @@ logging: {vmodule: [{filePattern: proxier, verbosity: 4}]}
 	want := "detectLocal.interfaceNamePrefix detectLocalMode " +
 		"featureGates.ServiceTrafficDistribution featureGates.SomeAlphaGate " +
 		"iptables.localhostNodePorts iptables.masqueradeBit iptables.syncPeriod " +
-		"ipvs.excludeCIDRs ipvs.strictARP ipvs.tcpTimeout logging.vmodule nftables.masqueradeAll portRange winkernel.enableDSR"
+		"ipvs.excludeCIDRs ipvs.strictARP ipvs.tcpTimeout nftables.masqueradeAll portRange winkernel.enableDSR"
 	if got := strings.Join(fields, " "); got != want {
 		t.Errorf("unsupported:\n got %s\nwant %s", got, want)
 	}

@@ -162,17 +162,8 @@ func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 	if c.ClientConnection.AcceptContentTypes != "" {
 		add("clientConnection.acceptContentTypes", c.ClientConnection.AcceptContentTypes, "xvs uses contentType only")
 	}
-	l := c.Logging
-	if len(l.VModule) > 0 {
-		add("logging.vmodule", l.VModule, "per-file verbosity is not implemented; use logging.verbosity")
-	}
-	if fd := l.FlushFrequency.Duration.Duration; fd != 0 && fd != 5*time.Second {
-		add("logging.flushFrequency", fd, "xvs does not buffer logs")
-	}
-	if l.Options.JSON.InfoBufferSize.Value() != 0 || l.Options.Text.InfoBufferSize.Value() != 0 ||
-		l.Options.JSON.SplitStream || l.Options.Text.SplitStream {
-		add("logging.options", "set", "log stream options are not implemented: everything goes to stderr")
-	}
+	// logging.*: component-base applies all of it (agent.NewLogger), as in
+	// kube-proxy.
 	sort.Slice(out, func(i, j int) bool { return out[i].Field < out[j].Field })
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/agent"
 	"github.com/xvs-lb/xvs/config"
@@ -39,10 +40,12 @@ func runAgent(args []string) error {
 	if err := o.Complete(fs); err != nil {
 		return err
 	}
-	v := int(o.Config.Logging.Verbosity)
-	log := agent.NewLogger(o.Config.Logging.Format, v)
+	log, err := agent.NewLogger(&o.Config.Logging)
+	if err != nil {
+		return err
+	}
+	defer klog.Flush()
 	slog.SetDefault(log)
-	agent.RouteKlog(log, v)
 	if len(o.Ignored) > 0 {
 		log.Warn("Flags ignored: the --config file sets these fields (as kube-proxy, which ignores them without a word)", "flags", o.Ignored)
 	}

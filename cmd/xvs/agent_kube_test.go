@@ -486,6 +486,11 @@ func TestPrivKubeAgent(t *testing.T) {
 			configz["kubeproxy.config.k8s.io"].Mode != "ebpf" || configz["kubeproxy.config.k8s.io"].HostnameOverride != "node" {
 			t.Fatalf("/configz %d %v: %s", code, err, cz)
 		}
+		// kube-proxy's text log format: klog's header, the message
+		// quoted, key="value" pairs; client-go's lines in the same stream.
+		if log, _ := os.ReadFile(w.Agent.Log); !regexp.MustCompile(`(?m)^I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ agent\.go:\d+\] "xvs agent running" node="node" source="kubernetes"`).Match(log) {
+			t.Errorf("agent log is not in klog's text format:\n%s", log)
+		}
 		// kube-proxy's z-pages (agent/zpages.go): the command line the
 		// agent was started with, and what it is.
 		if code, _, fz, err := nsGet(w.Node.NS, "http://127.0.0.1:10249/flagz"); err != nil || code != 200 ||
@@ -660,7 +665,8 @@ func TestPrivKubeHealthCheckNodePort(t *testing.T) {
 	}
 	w.create(t, webSlice("lb", "lb-1", harness.DemoPodIPs[:2], "node"))
 	// This agent reads a KubeProxyConfiguration file, with a field xvs
-	// does not support and a feature gate it does not know.
+	// does not support and a feature gate it does not know, and logs in
+	// component-base's JSON format.
 	cfg := filepath.Join(t.TempDir(), "config.conf")
 	if err := os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -669,6 +675,7 @@ hostnameOverride: node
 oomScoreAdj: 500
 nftables: {masqueradeAll: true}
 featureGates: {SomeAlphaGate: true}
+logging: {format: json}
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -681,7 +688,19 @@ featureGates: {SomeAlphaGate: true}
 			t.Errorf("unsupported field %s: metric %v", f, v)
 		}
 	}
-	if log, _ := os.ReadFile(w.Agent.Log); !strings.Contains(string(log), "field=nftables.masqueradeAll") {
+	// Every line is a JSON object (ts, caller, msg, v, and the pairs), the
+	// warning about the field among them.
+	log, _ := os.ReadFile(w.Agent.Log)
+	named := false
+	for _, line := range strings.Split(strings.TrimSpace(string(log)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil || rec["msg"] == nil || rec["ts"] == nil || rec["caller"] == nil {
+			t.Errorf("not a JSON log record (%v): %s", err, line)
+			continue
+		}
+		named = named || rec["field"] == "nftables.masqueradeAll"
+	}
+	if !named {
 		t.Errorf("agent log does not name the unsupported field:\n%s", log)
 	}
 	adj, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", w.agentPID(t)))
