@@ -5,9 +5,11 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -44,7 +46,14 @@ func fuzzService(r *fuzzReader) *v1.Service {
 	case 2:
 		opts = append(opts, lbIngress([]string{"203.0.113.10", "203.0.113.11"}[r.pick(2)], ""), nodePort(30100))
 	case 3:
-		opts = append(opts, externalIPs("198.51.100."+fmt.Sprint(1+r.pick(3))))
+		// Some collide with another Service's ClusterIP or LB IP
+		// (collision.go).
+		opts = append(opts, externalIPs([]string{"198.51.100.1", "198.51.100.2", "10.96.0.1", "203.0.113.10"}[r.pick(4)]))
+	}
+	if age := r.pick(3); age > 0 {
+		opts = append(opts, func(s *v1.Service) {
+			s.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, age, 0, time.UTC))
+		})
 	}
 	if r.pick(3) == 0 {
 		opts = append(opts, etpLocal)

@@ -60,6 +60,14 @@ type Tracker struct {
 	// listing them does not walk every Service.
 	faulty map[types.NamespacedName]bool
 	state  *model.State
+
+	// Frontend collisions (collision.go): every port's claims, the ports
+	// as translated (raw) and as served (without the frontends they
+	// lose), and the Problems of contested frontends.
+	claims    claims
+	raw       map[model.ServicePortName]*model.ServicePort
+	served    map[model.ServicePortName]*model.ServicePort
+	contested map[frontendKey][]Problem
 }
 
 // builtService caches one Service's translation between Builds.
@@ -110,6 +118,10 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		built:        make(map[types.NamespacedName]builtService),
 		faulty:       make(map[types.NamespacedName]bool),
 		full:         true,
+		claims:       claims{},
+		raw:          make(map[model.ServicePortName]*model.ServicePort),
+		served:       make(map[model.ServicePortName]*model.ServicePort),
+		contested:    make(map[frontendKey][]Problem),
 	}
 	t.recomputeServiceCIDRs()
 	return t, nil
@@ -312,9 +324,11 @@ func (t *Tracker) Build() Sync {
 		}
 	}
 	var changed []model.ServicePortName
+	touched := make(map[frontendKey]bool)
 	for k := range t.dirty {
-		changed = t.rebuild(k, changed)
+		changed = t.rebuild(k, changed, touched)
 	}
+	changed = t.resolve(changed, touched)
 	t.dirty = make(map[types.NamespacedName]bool) // not clear: it costs what the map once held
 	t.full = false
 	t.cidrsChanged = false
@@ -331,10 +345,8 @@ func (t *Tracker) Build() Sync {
 			n += len(b.ports)
 		}
 		st.Services = make(map[model.ServicePortName]*model.ServicePort, n)
-		for _, b := range t.built {
-			for _, sp := range b.ports {
-				st.Services[sp.Name] = sp
-			}
+		for name, sp := range t.served {
+			st.Services[name] = sp
 		}
 		st.Generation = 1
 	} else {
@@ -345,11 +357,8 @@ func (t *Tracker) Build() Sync {
 			delete(st.Services, name)
 		}
 		for _, name := range changed {
-			k := types.NamespacedName{Namespace: name.Namespace, Name: name.Name}
-			for _, sp := range t.built[k].ports {
-				if sp.Name == name {
-					st.Services[name] = sp
-				}
+			if sp := t.served[name]; sp != nil {
+				st.Services[name] = sp
 			}
 		}
 		st.Generation = t.state.Generation + 1
@@ -362,8 +371,12 @@ func (t *Tracker) Build() Sync {
 // rebuild recomputes one Service, reusing unchanged ports' pointers, and
 // appends to changed the names of its ports that were added, replaced or
 // removed.
-func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortName) []model.ServicePortName {
+func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortName, touched map[frontendKey]bool) []model.ServicePortName {
 	old := t.built[k].ports
+	for _, sp := range old {
+		t.claims.remove(sp, touched)
+		delete(t.raw, sp.Name)
+	}
 	svc := t.services[k]
 	if svc == nil {
 		delete(t.built, k)
@@ -374,6 +387,12 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 		return changed
 	}
 	ports, probs := t.env.service(svc, t.bySvc[k])
+	defer func() {
+		for _, sp := range t.built[k].ports {
+			t.claims.add(sp, svc.CreationTimestamp.Time, touched)
+			t.raw[sp.Name] = sp
+		}
+	}()
 	prev := make(map[model.ServicePortName]*model.ServicePort, len(old))
 	for _, sp := range old {
 		prev[sp.Name] = sp
@@ -398,8 +417,52 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 	return changed
 }
 
+// resolve brings the served ports up to date with the claims after the
+// ports changed and the frontends touched: every port whose translation
+// changed, and every claimant of a touched frontend, is served again, and
+// those whose served form changed join changed.
+func (t *Tracker) resolve(changed []model.ServicePortName, touched map[frontendKey]bool) []model.ServicePortName {
+	again := make(map[model.ServicePortName]bool, len(changed))
+	for _, name := range changed {
+		again[name] = true
+	}
+	for k := range touched {
+		for _, cl := range t.claims[k] {
+			if !again[cl.name] {
+				again[cl.name] = true
+				changed = append(changed, cl.name) // taken out again below if its served form is the same
+			}
+		}
+		if p := t.claims.problems(k); len(p) > 0 {
+			t.contested[k] = p
+		} else {
+			delete(t.contested, k)
+		}
+	}
+	out := changed[:0]
+	for _, name := range changed {
+		old, had := t.served[name]
+		sp := t.claims.served(t.raw[name])
+		switch {
+		case sp == nil:
+			delete(t.served, name)
+		case had && old != sp && reflect.DeepEqual(old, sp):
+			sp = old // keep the pointer: the port did not change
+		default:
+			t.served[name] = sp
+		}
+		if sp != old {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 func (t *Tracker) problems() []Problem {
 	out := slices.Clone(t.envProblems)
+	for _, ps := range t.contested {
+		out = append(out, ps...)
+	}
 	for _, ps := range t.cidrProblems {
 		out = append(out, ps...)
 	}

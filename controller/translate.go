@@ -55,12 +55,21 @@ func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.Endpoin
 	}
 
 	st := e.newState(len(latest))
+	cl := claims{}
 	for k, svc := range latest {
 		ports, p := e.service(svc, bySvc[k])
 		probs = append(probs, p...)
 		for _, sp := range ports {
 			st.Services[sp.Name] = sp
+			cl.add(sp, svc.CreationTimestamp.Time, nil)
 		}
+	}
+	// Contested frontends go to one claimant (collision.go).
+	for name, sp := range st.Services {
+		st.Services[name] = cl.served(sp)
+	}
+	for k := range cl {
+		probs = append(probs, cl.problems(k)...)
 	}
 	sortProblems(probs)
 	return st, probs
