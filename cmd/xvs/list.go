@@ -356,7 +356,8 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 	if err != nil {
 		return err
 	}
-	d := time.Since(start)
+	end := time.Now()
+	d := end.Sub(start)
 	type key struct {
 		proto string
 		addr  netip.AddrPort
@@ -386,9 +387,13 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 	switch output {
 	case "json", "yaml":
 		return printStructured(os.Stdout, output, "xvs.list.rate/v1", struct {
-			IntervalSeconds float64    `json:"intervalSeconds"`
-			Services        []rateView `json:"services"`
-		}{d.Seconds(), views})
+			IntervalSeconds float64 `json:"intervalSeconds"`
+			// From and To are when the two reads ended: the rates are
+			// over that window.
+			From     time.Time  `json:"from"`
+			To       time.Time  `json:"to"`
+			Services []rateView `json:"services"`
+		}{d.Seconds(), start, end, views})
 	case "text":
 		w := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(w, "Prot LocalAddress:Port\tCPS\tInPPS\tOutPPS\tInBPS\tOutBPS")
