@@ -25,10 +25,11 @@ func setTimeouts(k *mobyKernel, cfg Config) error {
 }
 
 // Cleanup removes what xvs's IPVS mode created in the caller's network
-// namespace: its virtual servers (recorded in the state file or on the
-// dummy interface), the dummy interface, its nftables tables and the state
-// file. Other virtual servers on the node stay. A kernel without IPVS has
-// nothing of it to clean; the rules and the interface are still removed.
+// namespace, as its state file records it: its virtual servers, the
+// addresses it bound to the dummy interface, that interface if xvs created
+// it and nothing else is on it, its nftables tables and the state file.
+// kube-proxy's virtual servers and kube-ipvs0 stay. A kernel without IPVS
+// has nothing of it to clean; the rules are still removed.
 func Cleanup(cfg Config) error {
 	cfg.defaults()
 	var errs []error
@@ -38,30 +39,55 @@ func Cleanup(cfg Config) error {
 			return err
 		}
 		defer mk.Close()
-		d := &Datapath{cfg: cfg, k: mk, owned: map[vsKey]bool{}}
-		if err := d.loadOwned(); err != nil {
-			errs = append(errs, err)
-		}
-		have, err := mk.Services()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, s := range have {
-			if d.owned[s.Key] && !d.excluded(s.Key.Addr) {
-				if err := mk.DelService(s.Key); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-		if err := mk.DeleteDevice(); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, cleanupKernel(cfg, mk))
 	}
 	if err := (nftRules{}).Delete(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.Remove(cfg.StateFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// cleanupKernel removes the recorded virtual servers and addresses, and
+// the interface when xvs created it and it is empty now.
+func cleanupKernel(cfg Config, k kernel) error {
+	d := &Datapath{cfg: cfg, k: k, owned: map[vsKey]bool{}, ownedVIPs: map[netip.Addr]bool{}}
+	if err := d.loadOwned(); err != nil {
+		return err
+	}
+	var errs []error
+	have, err := k.Services()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, s := range have {
+		if d.owned[s.Key] && !d.excluded(s.Key.Addr) {
+			if err := k.DelService(s.Key); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	onDev, err := k.DeviceAddrs()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	left := 0
+	for _, a := range onDev {
+		if !d.ownedVIPs[a] || d.excluded(a) {
+			left++
+			continue
+		}
+		if err := k.DelDeviceAddr(a); err != nil {
+			errs = append(errs, err)
+			left++
+		}
+	}
+	if d.createdDevice && left == 0 {
+		if err := k.DeleteDevice(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -28,7 +29,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/xvs-lb/xvs/model"
@@ -94,9 +94,14 @@ type Datapath struct {
 	ct   conntrackCleaner
 
 	mu sync.Mutex
-	// owned are the virtual servers xvs created (recorded, or found on
-	// the dummy interface at start).
-	owned map[vsKey]bool
+	// owned are the virtual servers xvs created, ownedVIPs the addresses
+	// it bound to the dummy interface, createdDevice whether it created
+	// that interface (the state file records them). Nothing else is
+	// xvs's: kube-proxy's IPVS mode uses the same interface name, and its
+	// virtual servers and addresses stay whatever xvs does.
+	owned         map[vsKey]bool
+	ownedVIPs     map[netip.Addr]bool
+	createdDevice bool
 	// draining are TCP real servers at weight 0 waiting for their
 	// connections to end.
 	draining map[vsKey]map[rsKey]time.Time
@@ -123,14 +128,11 @@ func defaultStateFile() string {
 }
 
 // HasState reports whether xvs's IPVS mode left state in the caller's
-// network namespace: its state file or its dummy interface. It does not
-// load ip_vs.
+// network namespace: its state file, the record of what it created (a
+// kube-ipvs0 alone is kube-proxy's). It does not load ip_vs.
 func HasState(cfg Config) bool {
 	cfg.defaults()
-	if _, err := os.Stat(cfg.StateFile); err == nil {
-		return true
-	}
-	_, err := netlink.LinkByName(cfg.Device)
+	_, err := os.Stat(cfg.StateFile)
 	return err == nil
 }
 
@@ -165,8 +167,9 @@ func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Dat
 	cfg.defaults()
 	d := &Datapath{
 		cfg: cfg, k: k, rule: r, ct: ct,
-		owned:    map[vsKey]bool{},
-		draining: map[vsKey]map[rsKey]time.Time{},
+		owned:     map[vsKey]bool{},
+		ownedVIPs: map[netip.Addr]bool{},
+		draining:  map[vsKey]map[rsKey]time.Time{},
 		schedOK:  map[string]error{},
 		udp:      map[vsKey]bool{},
 		stop:     make(chan struct{}),
@@ -267,44 +270,46 @@ func (d *Datapath) probeScheduler(name string) error {
 	return err
 }
 
-// stateRecord is the StateFile's content.
+// stateRecord is the StateFile's content: what xvs created, which is all
+// it ever removes.
 type stateRecord struct {
 	Servers []string `json:"virtualServers"`
+	// VIPs are the addresses xvs bound to the dummy interface. A record
+	// written before they were recorded has none: the addresses of its
+	// virtual servers stand for them.
+	VIPs []string `json:"vips,omitempty"`
+	// CreatedDevice: xvs created the dummy interface (it was not there,
+	// say from kube-proxy's IPVS mode, before).
+	CreatedDevice bool `json:"createdDevice,omitempty"`
 }
 
+// loadOwned reads the state file. Only what it records is xvs's.
 func (d *Datapath) loadOwned() error {
 	b, err := os.ReadFile(d.cfg.StateFile)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("read %s: %w", d.cfg.StateFile, err)
 	}
-	if err == nil {
-		var rec stateRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			d.cfg.Log.Warn("ignoring unreadable IPVS state file", "path", d.cfg.StateFile, "err", err)
-		}
-		for _, s := range rec.Servers {
-			if k, err := parseVSKey(s); err == nil {
-				d.owned[k] = true
+	var rec stateRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		d.cfg.Log.Warn("ignoring unreadable IPVS state file", "path", d.cfg.StateFile, "err", err)
+	}
+	for _, s := range rec.Servers {
+		if k, err := parseVSKey(s); err == nil {
+			d.owned[k] = true
+			if rec.VIPs == nil {
+				d.ownedVIPs[k.Addr] = true
 			}
 		}
 	}
-	// Virtual servers on the dummy interface's addresses are ours too:
-	// nothing else puts addresses there.
-	addrs, err := d.k.DeviceAddrs()
-	if err != nil {
-		return err
-	}
-	if len(addrs) > 0 {
-		list, err := d.k.Services()
-		if err != nil {
-			return err
-		}
-		for _, s := range list {
-			if slices.Contains(addrs, s.Key.Addr) {
-				d.owned[s.Key] = true
-			}
+	for _, s := range rec.VIPs {
+		if a, err := netip.ParseAddr(s); err == nil {
+			d.ownedVIPs[a.Unmap()] = true
 		}
 	}
+	d.createdDevice = d.createdDevice || rec.CreatedDevice
 	return nil
 }
 
@@ -318,6 +323,11 @@ func (d *Datapath) saveOwned() error {
 	for _, k := range keys {
 		rec.Servers = append(rec.Servers, k.String())
 	}
+	rec.VIPs = []string{}
+	for _, a := range slices.SortedFunc(maps.Keys(d.ownedVIPs), netip.Addr.Compare) {
+		rec.VIPs = append(rec.VIPs, a.String())
+	}
+	rec.CreatedDevice = d.createdDevice
 	b, _ := json.MarshalIndent(rec, "", "  ")
 	if err := os.MkdirAll(filepath.Dir(d.cfg.StateFile), 0o755); err != nil {
 		return err
@@ -392,9 +402,11 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			return err
 		}
 	}
-	if err := d.k.EnsureDevice(); err != nil {
+	created, err := d.k.EnsureDevice()
+	if err != nil {
 		return err
 	}
+	d.createdDevice = d.createdDevice || created
 	have, err := d.k.Services()
 	if err != nil {
 		return err
@@ -465,14 +477,25 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		if !slices.Contains(onDev, a) {
 			if err := d.k.AddDeviceAddr(a); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			d.ownedVIPs[a] = true
 		}
 	}
+	// Only the addresses xvs bound go: an address someone else put there
+	// (kube-proxy's) stays.
 	for _, a := range onDev {
-		if !want.VIPs[a] && !d.excluded(a) {
+		if !want.VIPs[a] && d.ownedVIPs[a] && !d.excluded(a) {
 			if err := d.k.DelDeviceAddr(a); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			delete(d.ownedVIPs, a)
+		}
+	}
+	for a := range d.ownedVIPs {
+		if !want.VIPs[a] && !slices.Contains(onDev, a) {
+			delete(d.ownedVIPs, a) // gone behind our back
 		}
 	}
 	if err := d.saveOwned(); err != nil {

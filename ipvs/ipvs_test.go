@@ -25,6 +25,8 @@ type fakeKernel struct {
 	scheds  map[string]bool
 	calls   []string
 	failAdd map[vsKey]bool
+	// noDevice: the dummy interface does not exist (yet).
+	noDevice bool
 }
 
 func newFake() *fakeKernel {
@@ -125,8 +127,18 @@ func (f *fakeKernel) DelReal(k vsKey, r rsKey) error {
 	return nil
 }
 
-func (f *fakeKernel) EnsureDevice() error { return nil }
-func (f *fakeKernel) DeleteDevice() error { f.dev = map[netip.Addr]bool{}; return nil }
+func (f *fakeKernel) EnsureDevice() (bool, error) {
+	if f.noDevice {
+		f.noDevice = false
+		return true, nil
+	}
+	return false, nil
+}
+func (f *fakeKernel) DeleteDevice() error {
+	f.log("del-dev")
+	f.dev, f.noDevice = map[netip.Addr]bool{}, true
+	return nil
+}
 func (f *fakeKernel) DeviceAddrs() ([]netip.Addr, error) {
 	var out []netip.Addr
 	for a := range f.dev {
@@ -607,5 +619,74 @@ func TestAvailableNamesWhatIsMissing(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "ip_vs kernel module not available") {
 		t.Fatalf("error %q does not name the missing module", err)
+	}
+}
+
+// TestOwnershipBesideKubeProxy: xvs's IPVS mode takes back only what its
+// state file records. kube-proxy's IPVS mode uses the same interface
+// (kube-ipvs0): its virtual servers and addresses survive xvs's syncs and
+// xvs cleanup, and so does the interface xvs did not create; a node that
+// never ran xvs's IPVS mode has no xvs state to clean at all, whatever
+// kube-ipvs0 holds. An interface xvs created goes with its cleanup.
+func TestOwnershipBesideKubeProxy(t *testing.T) {
+	kpVIP := netip.MustParseAddr("10.96.0.1")
+	kpKey := key(kpVIP, model.TCP, 443)
+	kubeProxy := func() *fakeKernel {
+		k := newFake()
+		k.svcs[kpKey] = kService{Key: kpKey, Scheduler: "rr"}
+		k.reals[kpKey] = map[rsKey]kReal{{Addr: netip.MustParseAddr("192.0.2.9"), Port: 6443}: {Weight: 1}}
+		k.dev[kpVIP] = true
+		return k
+	}
+	stateFile := filepath.Join(t.TempDir(), "state.json")
+	cfg := Config{StateFile: stateFile}
+	if HasState(cfg) {
+		t.Fatal("HasState without a state file: a kube-ipvs0 alone is kube-proxy's")
+	}
+
+	k := kubeProxy()
+	d, _, _ := newTestDatapath(t, k, cfg)
+	if err := d.Sync(context.Background(), state(webPort(ep(ep1, true)))); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.svcs[kpKey]; !ok || !k.dev[kpVIP] || !k.dev[vip] {
+		t.Fatalf("after xvs's sync: kube-proxy's server kept %v, its VIP kept %v, xvs's VIP bound %v", ok, k.dev[kpVIP], k.dev[vip])
+	}
+	if err := d.Sync(context.Background(), state()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.svcs[kpKey]; !ok || !k.dev[kpVIP] || k.dev[vip] {
+		t.Fatalf("after xvs's Services went: kube-proxy's server kept %v, its VIP kept %v, xvs's VIP still bound %v", ok, k.dev[kpVIP], k.dev[vip])
+	}
+	if err := d.Sync(context.Background(), state(webPort(ep(ep1, true)))); err != nil {
+		t.Fatal(err)
+	}
+	if !HasState(cfg) {
+		t.Fatal("no state after xvs's IPVS mode ran")
+	}
+	if err := cleanupKernel(cfg, k); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for key := range k.svcs {
+		left = append(left, key.String())
+	}
+	if !slices.Equal(left, []string{kpKey.String()}) || len(k.dev) != 1 || !k.dev[kpVIP] || slices.Contains(k.calls, "del-dev") {
+		t.Fatalf("after cleanup: servers %v, addresses %v, calls %v; want kube-proxy's server, its VIP and the interface", left, k.dev, k.calls)
+	}
+
+	// On a node where xvs created the interface, its cleanup removes it.
+	k = newFake()
+	k.noDevice = true
+	cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+	d, _, _ = newTestDatapath(t, k, cfg)
+	if err := d.Sync(context.Background(), state(webPort(ep(ep1, true)))); err != nil {
+		t.Fatal(err)
+	}
+	if err := cleanupKernel(cfg, k); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.svcs) != 0 || !k.noDevice {
+		t.Fatalf("after cleanup of xvs's own: servers %v, interface left %v", k.svcs, !k.noDevice)
 	}
 }

@@ -47,8 +47,9 @@ type kernel interface {
 	UpdateReal(k vsKey, r kReal) error
 	DelReal(k vsKey, r rsKey) error
 
-	// EnsureDevice creates the dummy interface for the VIPs if missing.
-	EnsureDevice() error
+	// EnsureDevice creates the dummy interface for the VIPs if missing,
+	// and says whether it did.
+	EnsureDevice() (created bool, err error)
 	// DeviceAddrs lists the addresses on the dummy interface (none when
 	// it does not exist).
 	DeviceAddrs() ([]netip.Addr, error)
@@ -229,9 +230,9 @@ func (m *mobyKernel) DelReal(k vsKey, r rsKey) error {
 	return nil
 }
 
-func (m *mobyKernel) EnsureDevice() error {
+func (m *mobyKernel) EnsureDevice() (bool, error) {
 	if _, err := netlink.LinkByName(m.device); err == nil {
-		return nil
+		return false, nil
 	}
 	// Like kube-ipvs0, the interface stays down: its addresses are local
 	// (the kernel adds local routes for them) but never answer ARP.
@@ -239,11 +240,11 @@ func (m *mobyKernel) EnsureDevice() error {
 	la.Name = m.device
 	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
 		if errors.Is(err, syscall.EOPNOTSUPP) {
-			return fmt.Errorf("create dummy interface %s: the dummy kernel module is not available: %w", m.device, err)
+			return false, fmt.Errorf("create dummy interface %s: the dummy kernel module is not available: %w", m.device, err)
 		}
-		return fmt.Errorf("create dummy interface %s: %w", m.device, err)
+		return false, fmt.Errorf("create dummy interface %s: %w", m.device, err)
 	}
-	return nil
+	return true, nil
 }
 
 func (m *mobyKernel) DeleteDevice() error {
