@@ -20,8 +20,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -170,10 +170,10 @@ func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Dat
 		owned:     map[vsKey]bool{},
 		ownedVIPs: map[netip.Addr]bool{},
 		draining:  map[vsKey]map[rsKey]time.Time{},
-		schedOK:  map[string]error{},
-		udp:      map[vsKey]bool{},
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		schedOK:   map[string]error{},
+		udp:       map[vsKey]bool{},
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	if err := d.loadOwned(); err != nil {
 		return nil, err
