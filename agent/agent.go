@@ -23,13 +23,13 @@ import (
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/component-base/metrics/prometheus/feature"
-	"github.com/go-logr/logr"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json, as kube-proxy links it
+	"k8s.io/component-base/metrics/prometheus/feature"
 	"k8s.io/klog/v2"
 
 	"github.com/xvs-lb/xvs/config"
