@@ -883,3 +883,45 @@ func TestPrivKubeFirstSyncGuard(t *testing.T) {
 		t.Errorf("xvs_first_sync_held_total = %v, want 0", v)
 	}
 }
+
+// TestPrivKubeContestedAddress: a tenant's Service (first by name, and
+// older than nothing it competes with but the ClusterIP) that lists
+// another Service's ClusterIP among its externalIPs takes nothing: the
+// address keeps its three backends while the agent runs and after it
+// restarts (a full sync, which gave it to the first name before), the
+// tenant's Service gets a Warning Event saying who keeps the address, and
+// the owner is still reached through it by real traffic.
+func TestPrivKubeContestedAddress(t *testing.T) {
+	w := newKubeWorld(t)
+	w.startKubeAgent(t)
+	w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+	thief := webService("aaa-thief", netip.MustParseAddr("172.30.0.20"), v1.ServiceTypeClusterIP)
+	thief.Spec.ExternalIPs = []string{harness.DemoVIP.String()}
+	w.create(t, thief)
+	w.create(t, webSlice("aaa-thief", "aaa-thief-1", harness.DemoPodIPs[:1], "node"))
+	w.waitBackends(t, netip.MustParseAddr("172.30.0.20"), 80, 1, 10*time.Second)
+	ev := waitEvent(t, w, "Service", "aaa-thief", "XvsInvalidInput")
+	if ev.Type != v1.EventTypeWarning || !strings.Contains(ev.Note, "ExternalIP "+harness.DemoVIP.String()+":") || !strings.Contains(ev.Note, "demo/web (ClusterIP), which keeps it") {
+		t.Errorf("the tenant's Event: %s %q", ev.Type, ev.Note)
+	}
+	check := func(when string) {
+		t.Helper()
+		if n, err := w.vipBackends(harness.DemoVIP, 80); err != nil || n != len(harness.DemoPodIPs) {
+			t.Fatalf("%s: %s:80 has %d backends (%v), want demo/web's %d", when, harness.DemoVIP, n, err, len(harness.DemoPodIPs))
+		}
+		got, err := harness.Spread(30, func() lab.Result {
+			return lab.ProbeTCP(w.Client, harness.DemoClientIP, netip.AddrPortFrom(harness.DemoVIP, 80), 3*time.Second)
+		})
+		if err != nil || len(got) != len(harness.DemoPodIPs) {
+			t.Fatalf("%s: 30 connections to %s:80 reached %v (%v), want all of demo/web's pods", when, harness.DemoVIP, got, err)
+		}
+	}
+	check("while the agent runs")
+	if err := w.Agent.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	w.startKubeAgent(t)
+	w.waitBackends(t, netip.MustParseAddr("172.30.0.20"), 80, 1, 60*time.Second)
+	time.Sleep(time.Second) // the first full sync is done: nothing changes after it
+	check("after a restart")
+}
