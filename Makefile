@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: dashboard fuzz image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -17,6 +17,7 @@ help:
 	@echo "make apiserver   build the tests' kube-apiserver once (cached under /var/cache/xvs)"
 	@echo "make image   the xvs OCI image as a docker-save tarball, bin/xvs-image.tar (no Docker engine)"
 	@echo "make fuzz    the fuzz targets, FUZZTIME each (default 1m)"
+	@echo "make fuzz-packets   PACKETS (default 10^6) random and mutated packets through the tc and XDP programs, each outcome checked (root)"
 	@echo "make dashboard   the Grafana dashboard (deploy/monitoring) over a live run, into docs/dashboard.png; checks its alerts fire (root)"
 	@echo "make e2e     one-node Kubernetes cluster in namespaces, xvs as its proxy, upstream e2e Services specs (root; docs/E2E.md)"
 	@echo "make build | build-node | generate | generate-check | lint | deps | clean"
@@ -131,6 +132,13 @@ test-unit:
 # other tests): the Tracker against Translate over random event orders, the
 # file source's decoder, the configuration decoder.
 FUZZTIME ?= 1m
+# The packet fuzzer (bpf/fuzz_packet_test.go): PACKETS random and mutated
+# packets through the tc and XDP programs, every outcome checked; go test
+# runs 20,000 of them; docs/PACKET-FUZZ.md has the runs of 10^6.
+PACKETS ?= 1000000
+fuzz-packets:
+	XVS_PACKET_FUZZ=$(PACKETS) $(GO) test -count=1 -run '^TestPrivPacketFuzz$$' -v ./bpf
+
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTrackerMatchesTranslate$$' -fuzztime $(FUZZTIME) ./controller
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifests$$' -fuzztime $(FUZZTIME) ./controller
