@@ -120,10 +120,17 @@ static __always_inline int parse_short(struct xvs_pkt *p, __u32 need)
 	return XVS_PARSE_SHORT;
 }
 
-/* Read the ports (and TCP flags) of the L4 header at p->l4_off. */
+/* Read the ports (and TCP flags) of the L4 header at p->l4_off. A TCP
+ * header longer than its segment, or a UDP length below 8 or past the
+ * datagram, is malformed: netfilter's conntrack calls such packets INVALID
+ * (tcp_error, udp_error) and kube-proxy drops them; they are passed to the
+ * stack untranslated, which drops them too. A first fragment must hold
+ * the whole TCP header (RFC 1858); its UDP length covers the datagram, of
+ * which it carries a part, so only its lower bound is judged. */
 static __always_inline int parse_l4(void *data, void *data_end, struct xvs_pkt *p)
 {
 	__u32 off = p->l4_off;
+	__u32 l4_len = p->l3_off + p->len - off;
 
 	if (off > PARSE_MAX_L4_OFF)
 		return XVS_PARSE_MALFORMED;
@@ -132,7 +139,7 @@ static __always_inline int parse_l4(void *data, void *data_end, struct xvs_pkt *
 
 		if ((void *)(th + 1) > data_end)
 			return parse_short(p, off + sizeof(*th));
-		if (th->doff < 5)
+		if (th->doff < 5 || (__u32)th->doff * 4 > l4_len)
 			return XVS_PARSE_MALFORMED;
 		p->sport = th->source;
 		p->dport = th->dest;
@@ -143,6 +150,9 @@ static __always_inline int parse_l4(void *data, void *data_end, struct xvs_pkt *
 
 		if ((void *)(uh + 1) > data_end)
 			return parse_short(p, off + sizeof(*uh));
+		if (p->proto == IPPROTO_UDP &&
+		    (bpf_ntohs(uh->len) < sizeof(*uh) || (!p->fragment && bpf_ntohs(uh->len) > l4_len)))
+			return XVS_PARSE_MALFORMED;
 		p->sport = uh->source;
 		p->dport = uh->dest;
 	}
