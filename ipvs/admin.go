@@ -50,10 +50,15 @@ func Cleanup(cfg Config) error {
 	return errors.Join(errs...)
 }
 
+// recordOf is a Datapath for reading the state file only (List, Cleanup).
+func recordOf(cfg Config, k kernel) *Datapath {
+	return &Datapath{cfg: cfg, k: k, owned: map[vsKey]bool{}, ownedVIPs: map[netip.Addr]bool{}}
+}
+
 // cleanupKernel removes the recorded virtual servers and addresses, and
 // the interface when xvs created it and it is empty now.
 func cleanupKernel(cfg Config, k kernel) error {
-	d := &Datapath{cfg: cfg, k: k, owned: map[vsKey]bool{}, ownedVIPs: map[netip.Addr]bool{}}
+	d := recordOf(cfg, k)
 	if err := d.loadOwned(); err != nil {
 		return err
 	}
@@ -113,8 +118,8 @@ type RealView struct {
 	Stats         mobyipvs.SvcStats
 }
 
-// List reads from the kernel the virtual servers xvs created (per the
-// state file and the dummy interface), in address order.
+// List reads from the kernel the virtual servers xvs created (as its state
+// file records them), in address order.
 func List(cfg Config) ([]ServiceView, error) {
 	cfg.defaults()
 	mk, err := newMobyKernel(cfg.Device)
@@ -122,7 +127,11 @@ func List(cfg Config) ([]ServiceView, error) {
 		return nil, err
 	}
 	defer mk.Close()
-	d := &Datapath{cfg: cfg, k: mk, owned: map[vsKey]bool{}}
+	return listKernel(cfg, mk)
+}
+
+func listKernel(cfg Config, mk kernel) ([]ServiceView, error) {
+	d := recordOf(cfg, mk)
 	if err := d.loadOwned(); err != nil {
 		return nil, err
 	}

@@ -664,6 +664,19 @@ func TestOwnershipBesideKubeProxy(t *testing.T) {
 	if !HasState(cfg) {
 		t.Fatal("no state after xvs's IPVS mode ran")
 	}
+	// xvs list shows xvs's virtual servers, not kube-proxy's.
+	views, err := listKernel(cfg, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range views {
+		if v.Address.Addr() == kpVIP {
+			t.Errorf("xvs list shows kube-proxy's %s", v.Address)
+		}
+	}
+	if len(views) == 0 {
+		t.Error("xvs list shows nothing of xvs's")
+	}
 	if err := cleanupKernel(cfg, k); err != nil {
 		t.Fatal(err)
 	}
