@@ -196,6 +196,10 @@ stop_vm() {
 	QEMU_PID=
 	[ -n "$CTL" ] && rm -rf "$CTL"
 	CTL=
+	# The test binaries of cmd_test, whose RETURN trap an exit from a
+	# failed boot (die) skips.
+	[ -n "${VM_FILES:-}" ] && rm -rf "$VM_FILES"
+	return 0
 }
 
 # cmd_run KERNEL [--share DIR] [--timeout S] [--mem MB] -- CMD...
