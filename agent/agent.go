@@ -142,9 +142,7 @@ func conntrackFromConfig(m *modeFlags, o *config.Options) {
 func Cleanup(log *slog.Logger, o *Options) error {
 	err := CleanupPins(o.PinPath)
 	if f := o.servicesFilePath(); f != "" {
-		if rerr := os.Remove(f); rerr != nil && !os.IsNotExist(rerr) {
-			err = errors.Join(err, rerr)
-		}
+		err = errors.Join(err, RemoveServicesFile(f))
 	}
 	icfg, cerr := o.mode.ipvsConfig("", log)
 	if cerr == nil && ipvs.HasState(icfg) {

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xvs-lb/xvs/ipvs"
 	xmaps "github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
@@ -103,13 +101,21 @@ func publishedPort(sp *model.ServicePort) PublishedPort {
 
 // DefaultServicesFile is the Services file of the caller's network
 // namespace: /run/xvs/services-<netns inode>.json.
-func DefaultServicesFile() string {
-	name := "services.json"
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
-		name = fmt.Sprintf("services-%d.json", st.Ino)
+func DefaultServicesFile() string { return ipvs.NamespaceFile(servicesFilePrefix) }
+
+// servicesFilePrefix is among ipvs.NamespaceFilePrefixes.
+const servicesFilePrefix = "services"
+
+// RemoveServicesFile removes a Services file (path "": the namespace's
+// default); a missing one is fine.
+func RemoveServicesFile(path string) error {
+	if path == "" {
+		path = DefaultServicesFile()
 	}
-	return filepath.Join(ipvs.StateDir, name)
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }
 
 // ReadServicesFile reads a Services file (path "": the namespace's
@@ -166,23 +172,18 @@ func (f *ServicesFile) AnnotateConnections(cs []xmaps.Connection) {
 	}
 }
 
-type frontendKey struct {
-	proto string
-	addr  netip.AddrPort
-}
-
 // frontendIndex finds a frontend's owner: the first port in the file's
 // order, as both datapaths give a shared frontend to it.
 type frontendIndex struct {
 	f  *ServicesFile
-	at map[frontendKey]int
+	at map[frontendAddr]int
 }
 
 func (f *ServicesFile) index() frontendIndex {
-	idx := frontendIndex{f, map[frontendKey]int{}}
+	idx := frontendIndex{f, map[frontendAddr]int{}}
 	for i, p := range f.Ports {
 		for _, fe := range p.Frontends {
-			k := frontendKey{p.Protocol, fe.Address}
+			k := frontendAddr{p.Protocol, fe.Address}
 			if _, taken := idx.at[k]; !taken {
 				idx.at[k] = i
 			}
@@ -192,7 +193,7 @@ func (f *ServicesFile) index() frontendIndex {
 }
 
 func (idx frontendIndex) owner(proto string, addr netip.AddrPort) (*PublishedPort, *xmaps.ServiceRef) {
-	i, ok := idx.at[frontendKey{proto, addr}]
+	i, ok := idx.at[frontendAddr{proto, addr}]
 	if !ok {
 		return nil, nil
 	}
@@ -252,7 +253,7 @@ func (p *servicesPublisher) changed() {
 // until ctx ends; then it removes the file.
 func (p *servicesPublisher) run(ctx context.Context, interval time.Duration) {
 	defer func() {
-		if err := os.Remove(p.path); err != nil && !os.IsNotExist(err) {
+		if err := RemoveServicesFile(p.path); err != nil {
 			p.log.Warn("Cannot remove the Services file", "file", p.path, "err", err)
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/version"
 )
@@ -19,7 +20,8 @@ import (
 const stalePrefixTag = "cf"
 
 // CleanupStale removes what runs that died without cleaning up (a crash, a
-// SIGKILL) left behind: namespaces, bpffs pins and object directories whose
+// SIGKILL) left behind: namespaces (with their agents' records in
+// /run/xvs), bpffs pins and object directories whose
 // owning runner process no longer exists. A live run's leftovers are never
 // touched, so two runs (or a run and a test) can share the machine. Agents
 // of a dead run are already gone: they are started tied to the runner
@@ -32,6 +34,16 @@ func CleanupStale() error {
 	}
 	for _, n := range names {
 		if stale(n) {
+			// The per-namespace records of its agent (a SIGKILLed one
+			// could not remove them), before the namespace goes.
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(lab.NetnsDir, n), &st) == nil {
+				for _, prefix := range ipvs.NamespaceFilePrefixes {
+					if err := os.Remove(ipvs.NamespaceFileOf(prefix, st.Ino)); err != nil && !os.IsNotExist(err) {
+						errs = append(errs, err)
+					}
+				}
+			}
 			errs = append(errs, lab.Cleanup(n))
 		}
 	}

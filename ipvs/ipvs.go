@@ -118,14 +118,28 @@ type Datapath struct {
 	done chan struct{}
 }
 
-func defaultStateFile() string {
-	name := "ipvs-state.json"
+func defaultStateFile() string { return NamespaceFile("ipvs-state") } // among NamespaceFilePrefixes
+
+// NamespaceFile is StateDir/<prefix>-<inode of the caller's network
+// namespace>.json: xvs's records are per namespace, as what they describe
+// is (IPVS, and an agent's Services).
+func NamespaceFile(prefix string) string {
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
-		name = fmt.Sprintf("ipvs-state-%d.json", st.Ino)
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return filepath.Join(StateDir, prefix+".json")
 	}
-	return filepath.Join(StateDir, name)
+	return NamespaceFileOf(prefix, st.Ino)
 }
+
+// NamespaceFileOf is NamespaceFile for the namespace of inode ino.
+func NamespaceFileOf(prefix string, ino uint64) string {
+	return filepath.Join(StateDir, fmt.Sprintf("%s-%d.json", prefix, ino))
+}
+
+// NamespaceFilePrefixes are the records NamespaceFile names: the IPVS
+// mode's state, and the agent's Services file (agent/publish.go). What
+// removes a namespace removes them too (conformance's stale cleanup).
+var NamespaceFilePrefixes = []string{"ipvs-state", "services"}
 
 // HasState reports whether xvs's IPVS mode left state in the caller's
 // network namespace: its state file, the record of what it created (a
@@ -165,16 +179,10 @@ func New(cfg Config) (*Datapath, error) {
 
 func newDatapath(cfg Config, k kernel, r ruleApplier, ct conntrackCleaner) (*Datapath, error) {
 	cfg.defaults()
-	d := &Datapath{
-		cfg: cfg, k: k, rule: r, ct: ct,
-		owned:     map[vsKey]bool{},
-		ownedVIPs: map[netip.Addr]bool{},
-		draining:  map[vsKey]map[rsKey]time.Time{},
-		schedOK:   map[string]error{},
-		udp:       map[vsKey]bool{},
-		stop:      make(chan struct{}),
-		done:      make(chan struct{}),
-	}
+	d := recordOf(cfg, k)
+	d.rule, d.ct = r, ct
+	d.draining, d.schedOK, d.udp = map[vsKey]map[rsKey]time.Time{}, map[string]error{}, map[vsKey]bool{}
+	d.stop, d.done = make(chan struct{}), make(chan struct{})
 	if err := d.loadOwned(); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/conformance"
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
 )
 
@@ -347,14 +348,34 @@ func TestPrivConformanceCrashCleanup(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if left, _ := lab.List(prefix); len(left) == 0 {
+	left, _ := lab.List(prefix)
+	if len(left) == 0 {
 		t.Fatal("a SIGKILLed runner left nothing behind: the test proves nothing")
+	}
+	// Its agent's Services file (agent/publish.go), which the killed agent
+	// could not remove, goes with its namespace.
+	var records []string
+	for _, n := range left {
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join(lab.NetnsDir, n), &st) == nil {
+			if f := ipvs.NamespaceFileOf("services", st.Ino); fileExists(f) {
+				records = append(records, f)
+			}
+		}
+	}
+	if len(records) == 0 {
+		t.Error("the killed agent left no Services file: the check below proves nothing")
 	}
 	if err := conformance.CleanupStale(); err != nil {
 		t.Logf("CleanupStale: %v (leftovers of other runs may be involved)", err)
 	}
 	if left, _ := lab.List(prefix); len(left) > 0 {
 		t.Errorf("namespaces left after CleanupStale: %v", left)
+	}
+	for _, f := range records {
+		if fileExists(f) {
+			t.Errorf("%s left after CleanupStale", f)
+		}
 	}
 	if pins, _ := filepath.Glob("/sys/fs/bpf/" + prefix + "*"); len(pins) > 0 {
 		t.Errorf("pins left after CleanupStale: %v", pins)
@@ -377,4 +398,9 @@ func findProcess(t *testing.T, s string) int {
 		return pid
 	}
 	return 0
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

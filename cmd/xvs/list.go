@@ -182,13 +182,7 @@ func runCleanup(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	err := agent.CleanupPins(*pinPath)
-	if *servicesFile == "" {
-		*servicesFile = agent.DefaultServicesFile()
-	}
-	if rerr := os.Remove(*servicesFile); rerr != nil && !os.IsNotExist(rerr) {
-		err = errors.Join(err, rerr)
-	}
+	err := errors.Join(agent.CleanupPins(*pinPath), agent.RemoveServicesFile(*servicesFile))
 	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
 	if ipvs.HasState(*ic) {
 		err = errors.Join(err, ipvs.Cleanup(*ic))
