@@ -62,6 +62,8 @@ build:
 build-node:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(NODE_BIN) ./cmd/xvs
 	./$(NODE_BIN) --version >/dev/null
+	@if ./$(NODE_BIN) agent --debug-fail-bpf-load --help >/dev/null 2>&1; then \
+		echo "$(NODE_BIN) has the fault-injection switches (config.EnableDebugSwitches outside -tags lab)"; exit 1; fi
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -35,7 +35,7 @@ const (
 )
 
 // envFailBPFLoad is the fault-injection knob that makes the BPF load fail,
-// for the fallback tests. Never set it in production.
+// for the fallback tests; only binaries with config.DebugSwitches read it.
 const envFailBPFLoad = "XVS_DEBUG_FAIL_BPF_LOAD"
 
 // modeFlags select and configure the datapath: xvs's own flags (register)
@@ -83,7 +83,9 @@ func (f *modeFlags) register(fs *pflag.FlagSet) {
 	fs.Func("bpf-max-backends", fmt.Sprintf("ebpf mode: most distinct backends (endpoint address:port:protocol) (default %d)", def.MaxBackends), uint32Flag(&f.mapSizes.MaxBackends))
 	fs.Func("bpf-max-service-slots", fmt.Sprintf("ebpf mode: service map entries: one per frontend plus one per endpoint of each (default %d)", def.MaxServiceSlots), uint32Flag(&f.mapSizes.MaxServiceSlots))
 	fs.Func("bpf-conntrack-size", fmt.Sprintf("ebpf mode: conntrack entries, two per flow (default %d)", def.ConntrackSize), uint32Flag(&f.mapSizes.ConntrackSize))
-	fs.BoolVar(&f.debugFailBPF, "debug-fail-bpf-load", false, "fault injection for the fallback tests: fail the BPF load (never in production; also "+envFailBPFLoad+"=1)")
+	if config.DebugSwitches() {
+		fs.BoolVar(&f.debugFailBPF, "debug-fail-bpf-load", false, "fault injection for the fallback tests: fail the BPF load (also "+envFailBPFLoad+"=1)")
+	}
 }
 
 func (f *modeFlags) validate() error {
@@ -270,7 +272,7 @@ func startDatapath(log *slog.Logger, f settings, ev *nodeEvents, m *xmetrics.Met
 }
 
 func startEBPF(f settings) (*activeDatapath, error) {
-	if f.mode.debugFailBPF || os.Getenv(envFailBPFLoad) == "1" {
+	if f.mode.debugFailBPF || (config.DebugSwitches() && os.Getenv(envFailBPFLoad) == "1") {
 		return nil, errors.New("load objects: injected failure (" + envFailBPFLoad + ")")
 	}
 	lcfg := loader.DefaultConfig()

@@ -302,3 +302,21 @@ logging: {vmodule: [{filePattern: proxier, verbosity: 4}]}
 		}
 	}
 }
+
+// TestDebugSwitchesOnlyWhenEnabled: the DaemonSet's binary (no lab tag,
+// not a test binary) has no fault-injection flag; a developer build and the
+// test agents enable them.
+func TestDebugSwitchesOnlyWhenEnabled(t *testing.T) {
+	if DebugSwitches() {
+		t.Fatal("debug switches on in a binary that did not ask for them")
+	}
+	if _, err := parse(t, "--debug-disable-rev-nat"); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+		t.Fatalf("--debug-disable-rev-nat without the switches: %v, want unknown flag", err)
+	}
+	EnableDebugSwitches()
+	defer func() { debugSwitches = false }()
+	o, err := parse(t, "--debug-disable-rev-nat")
+	if err != nil || !o.DisableRevNATDbg {
+		t.Fatalf("--debug-disable-rev-nat with the switches: %v %+v", err, o.DisableRevNATDbg)
+	}
+}

@@ -180,8 +180,23 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated) of the unallocated-address DROP, beside the API server's ServiceCIDR objects")
 	fs.StringVar(&o.NodeIPs, "node-ip", "", "the node's addresses, primary first (default: bindAddress, else from the Node object)")
 	fs.StringVar(&o.ServiceProxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones)")
-	fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT (never in production)")
+	if debugSwitches {
+		fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT")
+	}
 }
+
+// debugSwitches: whether this binary has the fault-injection switches
+// (--debug-*, and their environment variables). Only a developer build
+// (-tags lab) and the test binaries that run as the tests' agent turn them
+// on, at init; the DaemonSet's binary has none, so no flag, ConfigMap edit
+// or environment variable can break its datapath on purpose.
+var debugSwitches bool
+
+// EnableDebugSwitches registers the fault-injection switches from now on.
+func EnableDebugSwitches() { debugSwitches = true }
+
+// DebugSwitches reports whether the fault-injection switches are there.
+func DebugSwitches() bool { return debugSwitches }
 
 // addLoggingFlags registers component-base's logging flags bound to c:
 // --logging-format, -v, --vmodule, --log-flush-frequency, --log-text-*,
