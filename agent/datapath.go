@@ -61,6 +61,7 @@ type modeFlags struct {
 	masqAddrs  string
 	maglevSize uint
 	lockWait   time.Duration
+	adopt      bool
 	mapSizes   loader.Config // the Max* and ConntrackSize fields
 	timeouts   loader.CTTimeouts
 }
@@ -77,6 +78,7 @@ func (f *modeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.netfilter, "netfilter-mode", netfilterPass, "ebpf mode: pass (Service traffic, once translated, goes through the node's routing and netfilter FORWARD/INPUT/POSTROUTING hooks, and netfilter masquerades it by kube-proxy's mark 0x4000) or bypass (the programs forward and masquerade it themselves, past netfilter: faster, but the node's firewall and NetworkPolicy rules never see it); see docs/nodes.md")
 	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	fs.DurationVar(&f.lockWait, "pin-lock-wait", 60*time.Second, "ebpf mode: how long a starting agent waits for another process holding the --pin-path lock (an agent still exiting) before it gives up; one agent per pin path")
+	fs.BoolVar(&f.adopt, "adopt-connections", true, "ebpf mode: after the first sync, take over the connections kube-proxy (IPVS with net.ipv4.vs.conntrack=1, iptables or nftables) translated to the Services xvs now serves, from netfilter's conntrack, so that they carry on through xvs on the same backend (docs/migration.md)")
 	def := loader.DefaultConfig()
 	f.mapSizes = def
 	fs.Func("bpf-max-services", fmt.Sprintf("ebpf mode: most frontends (Service address:port:protocol), sizing the per-frontend maps (default %d)", def.MaxServices), uint32Flag(&f.mapSizes.MaxServices))

@@ -32,6 +32,9 @@ type syncerConfig struct {
 	// servicesFile is where the Services file is published (publish.go;
 	// "": not published).
 	servicesFile string
+	// adopt: after the first sync, take over the connections another
+	// proxy translated (adopt.go).
+	adopt bool
 }
 
 // syncer is the body of the sync loop: Tracker.Build, Datapath.Sync, then
@@ -208,6 +211,9 @@ func (s *syncer) sync(ctx context.Context) error {
 		s.triggers = append(triggers, s.triggers...)
 		s.mu.Unlock()
 		return err
+	}
+	if !s.synced && s.adopt {
+		s.adoptConnections()
 	}
 	s.synced = true
 	s.reportDatapathProblems(s.dp.Problems())

@@ -89,6 +89,21 @@ func (t *memMap[K, V]) put(keys []K, vals []V) error {
 	return nil
 }
 
+func (t *memMap[K, V]) add(k K, v V) (bool, error) {
+	if t.fail {
+		return false, fmt.Errorf("update %s: injected failure", t.name)
+	}
+	if _, ok := t.m[k]; ok {
+		return false, nil
+	}
+	if t.max > 0 && len(t.m) >= t.max {
+		return false, fmt.Errorf("update %s: %w: %w", t.name, errMapFull, errMemFull)
+	}
+	t.log.ops = append(t.log.ops, op{"add", t.name, t.classes([]K{k})})
+	t.m[k] = v
+	return true, nil
+}
+
 func (t *memMap[K, V]) del(keys []K) error {
 	if len(keys) == 0 {
 		return nil

@@ -20,6 +20,9 @@ import (
 type kvMap[K comparable, V any] interface {
 	// put writes keys[i] -> vals[i].
 	put(keys []K, vals []V) error
+	// add writes k -> v unless k has an entry (false, nil then); a map
+	// without room fails with errMapFull.
+	add(k K, v V) (bool, error)
 	// del removes keys; keys already gone are not an error.
 	del(keys []K) error
 	// each calls fn with every entry; fn must not keep its pointers.
@@ -91,6 +94,7 @@ func bpfMaps(m *Maps) *mapSet {
 type bpfMap[K comparable, V any] struct{ m *ebpf.Map }
 
 func (b bpfMap[K, V]) put(keys []K, vals []V) error { return updateMany(b.m, keys, vals) }
+func (b bpfMap[K, V]) add(k K, v V) (bool, error)   { return addNew(b.m, k, v) }
 func (b bpfMap[K, V]) del(keys []K) error           { return deleteMany(b.m, keys) }
 func (b bpfMap[K, V]) each(fn func(k *K, v *V)) error {
 	if b.m.Type() == ebpf.Hash || b.m.Type() == ebpf.LRUHash {

@@ -64,6 +64,7 @@ type Metrics struct {
 	ServicePorts      prometheus.Gauge
 	EventsDropped     prometheus.Counter
 	FirstSyncHeld     prometheus.Counter
+	AdoptedFlows      *prometheus.CounterVec
 	DatapathMode      *prometheus.GaugeVec
 	DatapathFallbacks *prometheus.CounterVec
 }
@@ -158,6 +159,8 @@ func New() *Metrics {
 			Help: "Kubernetes Events not recorded because their object had used up its share (a burst of 5, then one a minute)"}),
 		FirstSyncHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_first_sync_held_total",
 			Help: "First syncs not applied because they would have removed most of what a restarted agent found programmed, and a second list of the API server did not confirm it"}),
+		AdoptedFlows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_adopted_connections_total",
+			Help: "Connections another proxy (kube-proxy) translated that the agent found in netfilter's conntrack at start, by result: adopted (carried on through xvs) or why not"}, []string{"result"}),
 		DatapathMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "xvs_datapath_mode",
 			Help: "1 for the datapath mode in use (ebpf or ipvs), 0 for the other"}, []string{"mode"}),
 		DatapathFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_datapath_fallbacks_total",
@@ -171,7 +174,7 @@ func New() *Metrics {
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
 		m.ConntrackReconcileLatency, m.RulesRestoreFailuresTotal,
 		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped, m.FirstSyncHeld,
-		m.DatapathMode, m.DatapathFallbacks,
+		m.AdoptedFlows, m.DatapathMode, m.DatapathFallbacks,
 	)
 	return m
 }

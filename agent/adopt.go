@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// Taking over kube-proxy's connections at the switch (docs/migration.md):
+// once the first sync has programmed the Services, connections kube-proxy
+// translated would reach xvs's programs mid-flow, unknown to its
+// conntrack, and be dropped. The agent finds them in netfilter's conntrack
+// (kube-proxy's IPVS mode keeps them there with net.ipv4.vs.conntrack=1,
+// its iptables and nftables modes always), writes them into xvs's
+// conntrack on the backend they have (maps.Datapath.Adopt: forwarded by
+// the programs past netfilter, whose old entries of them would clash), and
+// deletes netfilter's entries of those it took, which nothing uses then.
+
+// connectionAdopter takes over connections another proxy translated
+// (maps.Datapath).
+type connectionAdopter interface {
+	Adopt(flows []maps.AdoptedFlow) (maps.AdoptResult, error)
+}
+
+var _ connectionAdopter = (*maps.Datapath)(nil)
+
+// adoptNotEstablished counts TCP connections not adopted because they
+// were not established (opening, or closing: their last segments are
+// lost, as at any proxy switch).
+const adoptNotEstablished = "not-established"
+
+// adoptConnections runs after the first sync that reached the datapath.
+func (s *syncer) adoptConnections() {
+	a, ok := s.dp.(connectionAdopter)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	flows, notEstablished, err := translatedFlows()
+	if err != nil {
+		s.log.Warn("Cannot read netfilter's conntrack: connections another proxy translated are not taken over", "err", err)
+		s.metrics.AdoptedFlows.WithLabelValues("conntrack-unreadable").Inc()
+		return
+	}
+	res, err := a.Adopt(flows)
+	if err != nil {
+		s.log.Warn("Some connections could not be taken over", "err", err)
+	}
+	deleted, derr := deleteNetfilterFlows(res.Adopted)
+	if derr != nil {
+		s.log.Warn("Cannot delete netfilter's entries of the connections taken over: their packets may be dropped as clashing until those entries expire", "err", derr)
+	}
+	s.metrics.AdoptedFlows.WithLabelValues("adopted").Add(float64(len(res.Adopted)))
+	res.Skipped[adoptNotEstablished] = notEstablished
+	for why, n := range res.Skipped {
+		s.metrics.AdoptedFlows.WithLabelValues(why).Add(float64(n))
+	}
+	if len(flows) > 0 || notEstablished > 0 {
+		s.log.Info("Took over the connections another proxy translated", "adopted", len(res.Adopted),
+			"skipped", res.Skipped, "netfilterEntriesDeleted", deleted, "took", time.Since(start))
+	}
+}
+
+// translatedFlows lists netfilter's translated connections, both
+// families: those whose reply comes from another address or port than
+// their original destination (DNAT, or an IPVS NAT forward). TCP ones
+// must be established; the others are counted.
+func translatedFlows() (flows []maps.AdoptedFlow, notEstablished int, err error) {
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		list, err := netlink.ConntrackTableList(netlink.ConntrackTable, fam)
+		if err != nil {
+			return nil, 0, fmt.Errorf("list conntrack (family %d): %w", fam, err)
+		}
+		for _, fl := range list {
+			f, ok := adoptedFlowOf(fl)
+			if !ok {
+				continue
+			}
+			if tcp, isTCP := fl.ProtoInfo.(*netlink.ProtoInfoTCP); f.Proto == model.TCP && (!isTCP || tcp.State != tcpConntrackEstablished) {
+				notEstablished++
+				continue
+			}
+			flows = append(flows, f)
+		}
+	}
+	return flows, notEstablished, nil
+}
+
+// tcpConntrackEstablished is netfilter's TCP_CONNTRACK_ESTABLISHED.
+const tcpConntrackEstablished = 3
+
+// adoptedFlowOf reads a translated TCP or UDP connection of the default
+// zone from netfilter's entry.
+func adoptedFlowOf(fl *netlink.ConntrackFlow) (maps.AdoptedFlow, bool) {
+	var proto model.Protocol
+	switch fl.Forward.Protocol {
+	case unix.IPPROTO_TCP:
+		proto = model.TCP
+	case unix.IPPROTO_UDP:
+		proto = model.UDP
+	default:
+		return maps.AdoptedFlow{}, false
+	}
+	if fl.Zone != 0 {
+		return maps.AdoptedFlow{}, false
+	}
+	ap := func(ip []byte, port uint16) (netip.AddrPort, bool) {
+		a, ok := netip.AddrFromSlice(ip)
+		return netip.AddrPortFrom(a.Unmap(), port), ok
+	}
+	client, ok1 := ap(fl.Forward.SrcIP, fl.Forward.SrcPort)
+	frontend, ok2 := ap(fl.Forward.DstIP, fl.Forward.DstPort)
+	backend, ok3 := ap(fl.Reverse.SrcIP, fl.Reverse.SrcPort)
+	replyTo, ok4 := ap(fl.Reverse.DstIP, fl.Reverse.DstPort)
+	if !ok1 || !ok2 || !ok3 || !ok4 || backend == frontend {
+		return maps.AdoptedFlow{}, false
+	}
+	return maps.AdoptedFlow{Proto: proto, Client: client, Frontend: frontend, Backend: backend, ReplyTo: replyTo,
+		Remaining: time.Duration(fl.TimeOut) * time.Second}, true
+}
+
+// adoptedFilter matches netfilter's entries of the adopted connections.
+type adoptedFilter map[[3]string]bool
+
+func adoptedKey(proto model.Protocol, client, frontend netip.AddrPort) [3]string {
+	return [3]string{proto.String(), client.String(), frontend.String()}
+}
+
+func (f adoptedFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
+	a, ok := adoptedFlowOf(fl)
+	return ok && f[adoptedKey(a.Proto, a.Client, a.Frontend)]
+}
+
+// deleteNetfilterFlows deletes netfilter's entries of the adopted flows.
+func deleteNetfilterFlows(adopted []maps.AdoptedFlow) (uint, error) {
+	if len(adopted) == 0 {
+		return 0, nil
+	}
+	f := adoptedFilter{}
+	for _, a := range adopted {
+		f[adoptedKey(a.Proto, a.Client, a.Frontend)] = true
+	}
+	var n uint
+	var errs []error
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		d, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f)
+		n += d
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xvs-lb/xvs/ipvs"
+	"github.com/xvs-lb/xvs/lab"
+	"github.com/xvs-lb/xvs/lab/harness"
+)
+
+// The switch from kube-proxy to xvs as docs/migration.md describes it, with
+// connections in flight: kube-proxy's state serves the demo Service (its
+// rules, or its IPVS virtual servers); three TCP streams and a UDP client
+// that keeps its port flow through it; xvs starts for the same Service,
+// then kube-proxy's state is removed as `kube-proxy --cleanup` removes it.
+// With adoption (the default) every stream carries on, on its backend,
+// every byte intact, and the UDP client keeps its backend; without it
+// (--adopt-connections=false) the streams stall, which is what the test
+// would see if adoption did nothing.
+
+// kubeProxyShape is kube-proxy's state for the demo Service in one mode.
+type kubeProxyShape struct {
+	setup   [][]string        // commands in the node namespace
+	sysctls map[string]string // under /proc/sys/, set after setup
+	cleanup [][]string        // what `kube-proxy --cleanup` does
+	// through reports whether a client's connection to the VIP went
+	// through kube-proxy's state.
+	through func(ns *lab.NS, client netip.AddrPort, proto uint8) (bool, error)
+}
+
+// kubeForward is kube-proxy's KUBE-FORWARD chain, which drops INVALID
+// packets: a mid-flow segment netfilter cannot place is dropped there.
+var kubeForward = [][]string{
+	{"iptables", "-N", "KUBE-FORWARD"},
+	{"iptables", "-A", "FORWARD", "-j", "KUBE-FORWARD"},
+	{"iptables", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
+	{"iptables", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+}
+
+var kubeForwardCleanup = [][]string{
+	{"iptables", "-D", "FORWARD", "-j", "KUBE-FORWARD"},
+	{"iptables", "-F", "KUBE-FORWARD"},
+	{"iptables", "-X", "KUBE-FORWARD"},
+}
+
+// iptablesShape: kube-proxy's iptables mode (KUBE-SERVICES, a KUBE-SVC
+// chain per port choosing a KUBE-SEP chain at random, DNAT there).
+func iptablesShape() kubeProxyShape {
+	vip := harness.DemoVIP.String()
+	k := kubeProxyShape{setup: [][]string{
+		{"iptables", "-t", "nat", "-N", "KUBE-SERVICES"},
+		{"iptables", "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
+	}, cleanup: [][]string{
+		{"iptables", "-t", "nat", "-D", "PREROUTING", "-j", "KUBE-SERVICES"},
+		{"iptables", "-t", "nat", "-F"},
+		{"iptables", "-t", "nat", "-X"},
+	}}
+	for _, p := range []struct{ proto, port, svc string }{{"tcp", "80", "KUBE-SVC-WEB"}, {"udp", "53", "KUBE-SVC-DNS"}} {
+		k.setup = append(k.setup, []string{"iptables", "-t", "nat", "-N", p.svc},
+			[]string{"iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", vip + "/32", "-p", p.proto, "--dport", p.port, "-j", p.svc})
+		n := len(harness.DemoPodIPs)
+		for i := range n {
+			sep := fmt.Sprintf("KUBE-SEP-%s-%d", p.proto, i)
+			k.setup = append(k.setup, []string{"iptables", "-t", "nat", "-N", sep},
+				[]string{"iptables", "-t", "nat", "-A", sep, "-p", p.proto, "-j", "DNAT", "--to-destination", podAddr(i).String()})
+			rule := []string{"iptables", "-t", "nat", "-A", p.svc}
+			if i < n-1 {
+				rule = append(rule, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%.5f", 1/float64(n-i)))
+			}
+			k.setup = append(k.setup, append(rule, "-j", sep))
+		}
+	}
+	k.setup = append(k.setup, kubeForward...)
+	k.cleanup = append(kubeForwardCleanup, k.cleanup...)
+	k.through = func(ns *lab.NS, client netip.AddrPort, proto uint8) (found bool, err error) {
+		err = ns.Do(func() error {
+			flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+			for _, f := range flows {
+				src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+				dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+				if f.Forward.Protocol == proto && netip.AddrPortFrom(src, f.Forward.SrcPort) == client && dst == harness.DemoVIP {
+					found = true
+				}
+			}
+			return err
+		})
+		return found, err
+	}
+	return k
+}
+
+// ipvsShape: kube-proxy's IPVS mode (kube-ipvs0, NAT-mode virtual servers,
+// net.ipv4.vs.conntrack=1).
+func ipvsShape() kubeProxyShape {
+	vip := harness.DemoVIP.String()
+	k := kubeProxyShape{setup: [][]string{
+		{"ip", "link", "add", ipvs.DefaultDevice, "type", "dummy"},
+		{"ip", "addr", "add", vip + "/32", "dev", ipvs.DefaultDevice},
+		{"ipvsadm", "-A", "-t", vip + ":80", "-s", "rr"},
+		{"ipvsadm", "-A", "-u", vip + ":53", "-s", "rr"},
+	}, sysctls: map[string]string{"net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1"},
+		cleanup: append([][]string{{"ipvsadm", "-C"}, {"ip", "link", "del", ipvs.DefaultDevice}}, kubeForwardCleanup...)}
+	for i := range harness.DemoPodIPs {
+		k.setup = append(k.setup, []string{"ipvsadm", "-a", "-t", vip + ":80", "-r", podAddr(i).String(), "-m"},
+			[]string{"ipvsadm", "-a", "-u", vip + ":53", "-r", podAddr(i).String(), "-m"})
+	}
+	k.setup = append(k.setup, kubeForward...)
+	k.through = func(ns *lab.NS, client netip.AddrPort, _ uint8) (found bool, err error) {
+		var conns []ipvs.Conn
+		err = ns.Do(func() (err error) { conns, err = ipvs.ReadConns(); return err })
+		for _, c := range conns {
+			found = found || c.Client == client
+		}
+		return found, err
+	}
+	return k
+}
+
+// testMigration runs the switch from shape to xvs, with and without
+// adoption.
+func testMigration(t *testing.T, shape kubeProxyShape) {
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		adopt bool
+	}{
+		{"adopted", nil, true},
+		{"without-adoption", []string{"--adopt-connections=false"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := harness.NewSingle("m", bin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns := w.Node.NS
+			t.Cleanup(func() {
+				if t.Failed() && w.Agent != nil {
+					if log, err := os.ReadFile(w.Agent.Log); err == nil {
+						t.Logf("agent log:\n%s", log)
+					}
+					// What the programs did with the packets.
+					if _, _, body, err := nsGet(ns, "http://127.0.0.1:10249/metrics"); err == nil {
+						for _, line := range strings.Split(body, "\n") {
+							if strings.HasPrefix(line, "xvs_datapath_packets_total") {
+								t.Log(line)
+							}
+						}
+					}
+				}
+				w.Close()
+			})
+			if err := w.WriteService(harness.DemoPodIPs); err != nil {
+				t.Fatal(err)
+			}
+			// A node has a default route: a Service address is not
+			// local there (without one, the programs leave a mid-flow
+			// segment to a VIP to the stack, as to the node's own address).
+			setup := append([][]string{{"ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"}}, shape.setup...)
+			for _, args := range setup {
+				if out, err := lab.Run(ns, args[0], args[1:]...); err != nil {
+					t.Fatalf("kube-proxy's state: %v: %v\n%s", args, err, out)
+				}
+			}
+			if err := ns.Do(func() error {
+				for k, v := range shape.sysctls {
+					if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+
+			// Connections through kube-proxy.
+			tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+			var streams []*lab.HeldStream
+			for range harness.DemoPodIPs {
+				h, err := lab.StartHeldStream(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.HeldSpec{Rate: 128 << 10, Timeout: 3 * time.Second})
+				if err != nil {
+					t.Fatalf("a stream through kube-proxy: %v", err)
+				}
+				defer h.Close()
+				streams = append(streams, h)
+			}
+			udp, err := lab.StartUDPSession(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 40053), netip.AddrPortFrom(harness.DemoVIP, 53), lab.UDPSpec{Size: 512})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer udp.Close()
+			first, err := udp.Await(time.Now(), 5*time.Second, podAddr(0), podAddr(1), podAddr(2))
+			if err != nil {
+				t.Fatalf("UDP through kube-proxy: %v", err)
+			}
+			for _, h := range streams {
+				if ok, err := shape.through(ns, h.Local, unix.IPPROTO_TCP); err != nil || !ok {
+					t.Fatalf("stream %s did not go through kube-proxy's state (%v)", h.Local, err)
+				}
+				if _, err := h.Check(10 * time.Second); err != nil {
+					t.Fatalf("before the switch: %v", err)
+				}
+			}
+			if ok, err := shape.through(ns, udp.Local, unix.IPPROTO_UDP); err != nil || !ok {
+				t.Fatalf("the UDP client %s did not go through kube-proxy's state (%v)", udp.Local, err)
+			}
+
+			var ev bytes.Buffer
+			if os.Getenv("XVS_DEBUG_CT") != "" {
+				cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, "conntrack", "-E", "-o", "timestamp")
+				cmd.Stdout, cmd.Stderr = &ev, &ev
+				cmd.Start()
+				defer func() { cmd.Process.Kill(); cmd.Wait(); t.Logf("conntrack events:\n%s", ev.String()) }()
+			}
+			// The switch: xvs serves the Service, kube-proxy's state goes.
+			if err := w.StartAgent(tc.args...); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range shape.cleanup {
+				if out, err := lab.Run(ns, args[0], args[1:]...); err != nil {
+					t.Fatalf("kube-proxy --cleanup: %v: %v\n%s", args, err, out)
+				}
+			}
+			switched := time.Now()
+			time.Sleep(2 * time.Second)
+
+			if !tc.adopt {
+				stalled := 0
+				for _, h := range streams {
+					if _, err := h.Check(5 * time.Second); err != nil {
+						stalled++
+					}
+				}
+				if stalled == 0 {
+					t.Fatal("without adoption every stream carried on: the test cannot tell adoption from its absence")
+				}
+				return
+			}
+			for round := range 2 {
+				for _, h := range streams {
+					st, err := h.Check(10 * time.Second)
+					if err != nil {
+						t.Fatalf("after the switch (round %d): %v", round, err)
+					}
+					t.Logf("stream %s -> %s: %d bytes intact (sha256 %s...)", h.Local, h.Server.Local, st.Bytes, st.SHA256[:12])
+				}
+				time.Sleep(time.Second)
+			}
+			if _, err := udp.Await(switched, 10*time.Second, first.Server.Local); err != nil {
+				t.Fatalf("the UDP client after the switch: %v", err)
+			}
+			if _, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.TransferSpec{Download: 4 << 20, Upload: 1 << 20}); err != nil {
+				t.Fatalf("a new connection after the switch: %v", err)
+			}
+			log, _ := os.ReadFile(w.Agent.Log)
+			m := regexp.MustCompile(`Took over the connections.* adopted=(\d+)`).FindSubmatch(log)
+			if m == nil || string(m[1]) != strconv.Itoa(len(streams)+1) {
+				t.Errorf("agent log: want %d connections adopted:\n%s", len(streams)+1, log)
+			}
+		})
+	}
+}
+
+// TestPrivMigrationFromIPTables: from kube-proxy's iptables mode (runs on
+// the host).
+func TestPrivMigrationFromIPTables(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, netfilter); run them as root")
+	}
+	testMigration(t, iptablesShape())
+}
+
+// TestPrivIPVSMigration: from kube-proxy's IPVS mode (the VM rig).
+func TestPrivIPVSMigration(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, IPVS); run them as root")
+	}
+	if err := ipvs.Available(); err != nil {
+		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
+	}
+	testMigration(t, ipvsShape())
+}

@@ -1,0 +1,176 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/model"
+)
+
+// A node moving to xvs from kube-proxy has connections in flight that
+// kube-proxy translated (IPVS with net.ipv4.vs.conntrack=1, iptables or
+// nftables): netfilter's conntrack knows them, xvs's does not, and once
+// xvs serves their Service a segment of such a connection, which is not a
+// SYN, would find no flow and be dropped. Adopt writes them into xvs's
+// conntrack as the flows they are, on the backend they already have, so
+// that they carry on through xvs and survive the removal of kube-proxy's
+// rules and virtual servers.
+
+// AdoptedFlow is one connection another proxy translated, as netfilter's
+// conntrack shows it: the original direction client -> frontend, the reply
+// direction backend -> ReplyTo (the client, or the masquerade address).
+type AdoptedFlow struct {
+	Proto    model.Protocol
+	Client   netip.AddrPort
+	Frontend netip.AddrPort
+	Backend  netip.AddrPort
+	ReplyTo  netip.AddrPort
+	// Remaining is what netfilter's entry has left to live: the flow keeps
+	// it, and each packet extends it by xvs's own timeouts.
+	Remaining time.Duration
+}
+
+// Masqueraded reports whether the backend sees another source than the
+// client.
+func (f AdoptedFlow) Masqueraded() bool { return f.ReplyTo != f.Client }
+
+// Why a flow is not adopted (AdoptResult.Skipped's keys).
+const (
+	AdoptNotServed     = "not-a-frontend" // its frontend is not one xvs serves
+	AdoptNoBackend     = "backend-gone"   // its backend is no endpoint of the frontend now
+	AdoptHostBackend   = "host-backend"   // the backend is on the node's own address
+	AdoptMasqueraded   = "masqueraded"    // the backend sees a node address: see Adopt
+	AdoptAlreadyExists = "already-in-xvs" // xvs already tracks this client tuple
+	AdoptNoRoom        = "conntrack-full" // xvs's conntrack table refused the entries
+	AdoptOtherFailure  = "write-failed"   // any other map error
+)
+
+// adoptedFlags are an adopted flow's: replied, and never through
+// netfilter, whatever the mode. netfilter's entry of the flow (original
+// destination the Service address) would clash with the one it would make
+// for xvs's translated packets (the same reply tuple), and netfilter
+// settles such a clash by moving the new entry to another source port:
+// the backend would see a stranger and reset the connection. Like every
+// flow in bypass mode, an adopted flow is forwarded and reverse-NATed by
+// the programs themselves, past the node's netfilter hooks (which admitted
+// it when it opened), and netfilter's old entry is never used again.
+const adoptedFlags = uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SEEN_REPLY)
+
+// AdoptResult counts what Adopt did.
+type AdoptResult struct {
+	Adopted []AdoptedFlow
+	Skipped map[string]int
+}
+
+// Adopt writes each flow into the established conntrack table: the reply
+// entry first (its replies are reverse-translated as soon as the forward
+// entry sends packets to the backend), then the forward entry, neither
+// over an entry that exists. A flow is adopted as established (TCP) or
+// replied (UDP); its connection is counted in the Service's counters at
+// its first packet, but not in the least-connection schedulers' active
+// counts (it was scheduled elsewhere).
+//
+// A masqueraded flow (the backend sees a node address, not the client's)
+// is skipped. Its masquerade port belongs to netfilter's entry, which has
+// to go (it would clash with xvs's translated packets); a reply arriving
+// before the flow's next forward packet has re-created it would then be
+// addressed to a port of the node that nothing holds, and answered with a
+// reset. Taking them over needs xvs to create netfilter's replacement
+// entry, NAT included, in the same step.
+func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
+	res := AdoptResult{Skipped: map[string]int{}}
+	now, err := monotonicNow()
+	if err != nil {
+		return res, err
+	}
+	ct := d.w.conntrack[0]
+	var failed error
+	for _, f := range flows {
+		fk := frontendKey{addr: f.Frontend.Addr().Unmap(), port: f.Frontend.Port(), proto: f.Proto}
+		svcID, ok := d.svcIDs.lookup(fk)
+		if _, served := d.owners[fk]; !ok || !served {
+			res.Skipped[AdoptNotServed]++
+			continue
+		}
+		be, ok := d.backends[newBackendKey(f.Backend.Addr().Unmap(), f.Backend.Port(), f.Proto)]
+		if !ok || be.refs == 0 {
+			res.Skipped[AdoptNoBackend]++
+			continue
+		}
+		if slices.Contains(d.nodeAddrs, f.Backend.Addr().Unmap()) {
+			res.Skipped[AdoptHostBackend]++
+			continue
+		}
+		if f.Masqueraded() {
+			res.Skipped[AdoptMasqueraded]++
+			continue
+		}
+		fwdKey, fwd, revKey, rev := adoptedEntries(f, svcID, be.id, adoptedFlags, now)
+		added, err := ct.add(revKey, rev)
+		if err == nil && added {
+			if added, err = ct.add(fwdKey, fwd); err == nil && !added {
+				// A forward entry of this client tuple appeared in
+				// between: it is the datapath's, and so is its reply.
+				err = ct.del([]xbpf.CtKey{revKey})
+				added = false
+			}
+		}
+		switch {
+		case err != nil && errors.Is(err, errMapFull):
+			res.Skipped[AdoptNoRoom]++
+		case err != nil:
+			res.Skipped[AdoptOtherFailure]++
+			failed = errors.Join(failed, fmt.Errorf("adopt %s %s -> %s: %w", f.Proto, f.Client, f.Frontend, err))
+		case !added:
+			res.Skipped[AdoptAlreadyExists]++
+		default:
+			res.Adopted = append(res.Adopted, f)
+		}
+	}
+	return res, failed
+}
+
+// adoptedEntries are f's two conntrack entries, as flow_new writes them
+// for a new flow, with the state of an established one.
+func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, flags uint16, now uint64) (fwdKey xbpf.CtKey, fwd xbpf.CtEntry, revKey xbpf.CtKey, rev xbpf.CtEntry) {
+	client, fam := encodeAddr(f.Client.Addr())
+	frontend, _ := encodeAddr(f.Frontend.Addr())
+	backend, _ := encodeAddr(f.Backend.Addr())
+	state := uint8(xbpf.XvsXvsCtStateXVS_CT_NONE)
+	if f.Proto == model.TCP {
+		state = uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)
+	}
+	fwdKey = xbpf.CtKey{Saddr: client, Daddr: frontend, Sport: htons(f.Client.Port()), Dport: htons(f.Frontend.Port()),
+		Proto: uint8(f.Proto), Family: fam}
+	fwd = xbpf.CtEntry{Expires: now + uint64(max(f.Remaining, time.Second)), BackendId: backendID, SvcId: svcID,
+		NatAddr: backend, NatPort: htons(f.Backend.Port()), Flags: flags, State: state}
+	revKey = xbpf.CtKey{Saddr: backend, Daddr: client, Sport: htons(f.Backend.Port()), Dport: htons(f.Client.Port()),
+		Proto: uint8(f.Proto), Family: fam}
+	rev = xbpf.CtEntry{BackendId: backendID, SvcId: svcID, NatAddr: frontend, NatPort: htons(f.Frontend.Port()),
+		SnatAddr: client, SnatPort: htons(f.Client.Port()), Flags: flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
+	return fwdKey, fwd, revKey, rev
+}
+
+// errMapFull is a map refusing a new entry for want of room.
+var errMapFull = errors.New("map full")
+
+// addNew inserts k -> v if k has no entry: false, nil when it has one.
+func addNew[K comparable, V any](m *ebpf.Map, k K, v V) (bool, error) {
+	err := m.Update(&k, &v, ebpf.UpdateNoExist)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ebpf.ErrKeyExist):
+		return false, nil
+	case errors.Is(err, unix.E2BIG), errors.Is(err, unix.ENOMEM):
+		return false, fmt.Errorf("%w: %w", errMapFull, err)
+	}
+	return false, err
+}
