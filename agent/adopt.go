@@ -24,8 +24,11 @@ import (
 // deletes netfilter's entries of those it took, which nothing uses then.
 
 // connectionAdopter takes over connections another proxy translated
-// (maps.Datapath).
+// (maps.Datapath): those its next sync finds (AdoptAtNextSync, written
+// before the Services become visible to the programs), and any later.
 type connectionAdopter interface {
+	AdoptAtNextSync(flows []maps.AdoptedFlow)
+	Adopted() (*maps.AdoptResult, error)
 	Adopt(flows []maps.AdoptedFlow) (maps.AdoptResult, error)
 }
 
@@ -36,35 +39,79 @@ var _ connectionAdopter = (*maps.Datapath)(nil)
 // lost, as at any proxy switch).
 const adoptNotEstablished = "not-established"
 
-// adoptConnections runs after the first sync that reached the datapath.
-func (s *syncer) adoptConnections() {
+// adoption is the take-over at the first sync: the flows found before it,
+// handed to the datapath for that sync.
+type adoption struct {
+	start          time.Time
+	flows          []maps.AdoptedFlow
+	notEstablished int
+}
+
+// prepareAdoption reads netfilter's conntrack before the first sync and
+// hands its translated flows to the datapath.
+func (s *syncer) prepareAdoption() *adoption {
 	a, ok := s.dp.(connectionAdopter)
 	if !ok {
-		return
+		return nil
 	}
-	start := time.Now()
-	flows, notEstablished, err := translatedFlows()
-	if err != nil {
+	ad := &adoption{start: time.Now()}
+	var err error
+	if ad.flows, ad.notEstablished, err = translatedFlows(); err != nil {
 		s.log.Warn("Cannot read netfilter's conntrack: connections another proxy translated are not taken over", "err", err)
 		s.metrics.AdoptedFlows.WithLabelValues("conntrack-unreadable").Inc()
-		return
+		return nil
 	}
-	res, err := a.Adopt(flows)
+	a.AdoptAtNextSync(ad.flows)
+	return ad
+}
+
+// finishAdoption runs after the first sync: it takes the result, adopts
+// the flows opened since the first read (before the sync made the
+// Services visible, kube-proxy's rules still served new connections), and
+// deletes netfilter's entries of every flow taken over.
+func (s *syncer) finishAdoption(ad *adoption) {
+	a := s.dp.(connectionAdopter)
+	done, err := a.Adopted()
 	if err != nil {
 		s.log.Warn("Some connections could not be taken over", "err", err)
 	}
+	if done == nil {
+		return // the sync failed before it adopted: the next one has them
+	}
+	res := *done
+	seen := map[[3]string]bool{}
+	for _, f := range ad.flows {
+		seen[adoptedKey(f.Proto, f.Client, f.Frontend)] = true
+	}
+	if later, notEst, err := translatedFlows(); err == nil {
+		var fresh []maps.AdoptedFlow
+		for _, f := range later {
+			if !seen[adoptedKey(f.Proto, f.Client, f.Frontend)] {
+				fresh = append(fresh, f)
+			}
+		}
+		more, err := a.Adopt(fresh)
+		if err != nil {
+			s.log.Warn("Some connections could not be taken over", "err", err)
+		}
+		res.Adopted = append(res.Adopted, more.Adopted...)
+		for why, n := range more.Skipped {
+			res.Skipped[why] += n
+		}
+		ad.notEstablished = max(ad.notEstablished, notEst)
+	}
 	deleted, derr := deleteNetfilterFlows(res.Adopted)
 	if derr != nil {
-		s.log.Warn("Cannot delete netfilter's entries of the connections taken over: their packets may be dropped as clashing until those entries expire", "err", derr)
+		s.log.Warn("Cannot delete netfilter's entries of the connections taken over (unused, they expire)", "err", derr)
 	}
 	s.metrics.AdoptedFlows.WithLabelValues("adopted").Add(float64(len(res.Adopted)))
-	res.Skipped[adoptNotEstablished] = notEstablished
+	res.Skipped[adoptNotEstablished] += ad.notEstablished
 	for why, n := range res.Skipped {
 		s.metrics.AdoptedFlows.WithLabelValues(why).Add(float64(n))
 	}
-	if len(flows) > 0 || notEstablished > 0 {
+	if len(res.Adopted) > 0 || len(ad.flows) > 0 || ad.notEstablished > 0 {
 		s.log.Info("Took over the connections another proxy translated", "adopted", len(res.Adopted),
-			"skipped", res.Skipped, "netfilterEntriesDeleted", deleted, "took", time.Since(start))
+			"skipped", res.Skipped, "netfilterEntriesDeleted", deleted, "took", time.Since(ad.start))
 	}
 }
 
@@ -138,14 +185,18 @@ func (f adoptedFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 	return ok && f[adoptedKey(a.Proto, a.Client, a.Frontend)]
 }
 
-// deleteNetfilterFlows deletes netfilter's entries of the adopted flows.
+// deleteNetfilterFlows deletes netfilter's entries of the adopted flows
+// but the masqueraded ones, whose entries hold their masquerade ports
+// against netfilter's MASQUERADE (maps.Datapath.Adopt).
 func deleteNetfilterFlows(adopted []maps.AdoptedFlow) (uint, error) {
-	if len(adopted) == 0 {
-		return 0, nil
-	}
 	f := adoptedFilter{}
 	for _, a := range adopted {
-		f[adoptedKey(a.Proto, a.Client, a.Frontend)] = true
+		if !a.Masqueraded() {
+			f[adoptedKey(a.Proto, a.Client, a.Frontend)] = true
+		}
+	}
+	if len(f) == 0 {
+		return 0, nil
 	}
 	var n uint
 	var errs []error

@@ -201,6 +201,10 @@ func (s *syncer) sync(ctx context.Context) error {
 		s.lastRewrite = start
 	}
 	fams := s.families(b.State)
+	var ad *adoption
+	if !s.synced && s.adopt {
+		ad = s.prepareAdoption()
+	}
 	err := s.dp.Sync(ctx, b.State)
 	s.countRuleFailures(fams)
 	if err != nil {
@@ -212,8 +216,8 @@ func (s *syncer) sync(ctx context.Context) error {
 		s.mu.Unlock()
 		return err
 	}
-	if !s.synced && s.adopt {
-		s.adoptConnections()
+	if ad != nil {
+		s.finishAdoption(ad)
 	}
 	s.synced = true
 	s.reportDatapathProblems(s.dp.Problems())

@@ -69,21 +69,50 @@ type AdoptResult struct {
 	Skipped map[string]int
 }
 
+// AdoptAtNextSync has the next Sync adopt flows (Adopt) once it has
+// planned, before it writes the frontends that make their Services
+// visible to the programs: from then on a packet of such a flow finds its
+// entries. Adopting after the sync would leave a window in which a UDP
+// datagram of the flow opens a new flow, to another backend, and a TCP
+// segment is dropped. (A sync large enough to write in several batches,
+// flushSlots, makes its first batches visible before it adopts.)
+func (d *Datapath) AdoptAtNextSync(flows []AdoptedFlow) {
+	d.adoptNext = flows
+	d.adoptDone, d.adoptErr = nil, nil
+}
+
+// Adopted is what the sync asked by AdoptAtNextSync adopted (nil before
+// it ran).
+func (d *Datapath) Adopted() (*AdoptResult, error) { return d.adoptDone, d.adoptErr }
+
+// adoptPending runs what AdoptAtNextSync asked for.
+func (d *Datapath) adoptPending() {
+	if d.adoptNext == nil {
+		return
+	}
+	res, err := d.Adopt(d.adoptNext)
+	d.adoptNext, d.adoptDone, d.adoptErr = nil, &res, err
+}
+
 // Adopt writes each flow into the established conntrack table: the reply
 // entry first (its replies are reverse-translated as soon as the forward
 // entry sends packets to the backend), then the forward entry, neither
 // over an entry that exists. A flow is adopted as established (TCP) or
-// replied (UDP); its connection is counted in the Service's counters at
-// its first packet, but not in the least-connection schedulers' active
-// counts (it was scheduled elsewhere).
+// replied (UDP); its packets and bytes count in the Service's and the
+// backend's counters, but it is not counted as a new connection, nor in
+// the least-connection schedulers' active counts (it was scheduled
+// elsewhere).
 //
-// A masqueraded flow (the backend sees a node address, not the client's)
-// is skipped. Its masquerade port belongs to netfilter's entry, which has
-// to go (it would clash with xvs's translated packets); a reply arriving
-// before the flow's next forward packet has re-created it would then be
-// addressed to a port of the node that nothing holds, and answered with a
-// reset. Taking them over needs xvs to create netfilter's replacement
-// entry, NAT included, in the same step.
+// A masqueraded TCP connection (the backend sees a node address, not the
+// client's) keeps its masquerade address and port: xvs's programs
+// masquerade it themselves, as in bypass mode, and its reply entry (backend
+// -> that address and port) holds the port against xvs's own masquerade.
+// netfilter's entry of it must stay (the caller keeps it): it holds the
+// port against netfilter's MASQUERADE, which would otherwise give it to a
+// new connection to the same backend. It lasts netfilter's established
+// timeout (kube-proxy's 24 h), as long as xvs's own. A masqueraded UDP
+// flow is skipped: netfilter's entry of it lasts a few minutes without
+// traffic through it, after which its port could be given again.
 func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 	res := AdoptResult{Skipped: map[string]int{}}
 	now, err := monotonicNow()
@@ -108,7 +137,7 @@ func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 			res.Skipped[AdoptHostBackend]++
 			continue
 		}
-		if f.Masqueraded() {
+		if f.Masqueraded() && f.Proto != model.TCP {
 			res.Skipped[AdoptMasqueraded]++
 			continue
 		}
@@ -143,6 +172,10 @@ func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, flags uint16, now ui
 	client, fam := encodeAddr(f.Client.Addr())
 	frontend, _ := encodeAddr(f.Frontend.Addr())
 	backend, _ := encodeAddr(f.Backend.Addr())
+	replyTo, _ := encodeAddr(f.ReplyTo.Addr())
+	if f.Masqueraded() {
+		flags |= uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
+	}
 	state := uint8(xbpf.XvsXvsCtStateXVS_CT_NONE)
 	if f.Proto == model.TCP {
 		state = uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)
@@ -151,7 +184,10 @@ func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, flags uint16, now ui
 		Proto: uint8(f.Proto), Family: fam}
 	fwd = xbpf.CtEntry{Expires: now + uint64(max(f.Remaining, time.Second)), BackendId: backendID, SvcId: svcID,
 		NatAddr: backend, NatPort: htons(f.Backend.Port()), Flags: flags, State: state}
-	revKey = xbpf.CtKey{Saddr: backend, Daddr: client, Sport: htons(f.Backend.Port()), Dport: htons(f.Client.Port()),
+	if f.Masqueraded() {
+		fwd.SnatAddr, fwd.SnatPort = replyTo, htons(f.ReplyTo.Port())
+	}
+	revKey = xbpf.CtKey{Saddr: backend, Daddr: replyTo, Sport: htons(f.Backend.Port()), Dport: htons(f.ReplyTo.Port()),
 		Proto: uint8(f.Proto), Family: fam}
 	rev = xbpf.CtEntry{BackendId: backendID, SvcId: svcID, NatAddr: frontend, NatPort: htons(f.Frontend.Port()),
 		SnatAddr: client, SnatPort: htons(f.Client.Port()), Flags: flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}

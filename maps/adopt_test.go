@@ -12,11 +12,13 @@ import (
 // TestAdopt: connections kube-proxy translated become xvs flows on their
 // backend, as flow_new would have written them; what xvs cannot carry on
 // (not its frontend, a backend gone, the node's own address, a
-// masqueraded flow) is skipped and counted, and nothing of its own is
+// masqueraded UDP flow) is skipped and counted, and nothing of its own is
 // overwritten.
 func TestAdopt(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	web := svcPort("web", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080", "10.244.2.3:8080", "192.168.50.2:8080")
+	dns := svcPort("dns", []model.Frontend{{Kind: model.ClusterIP, Addr: netip.MustParseAddr("172.30.0.10"), Port: 53, Proto: model.UDP}}, "10.244.2.3:8080")
+	dns.Name.Protocol = model.UDP
 	flow := func(client, frontend, backend, replyTo string) AdoptedFlow {
 		return AdoptedFlow{Proto: model.TCP, Client: ap(client), Frontend: ap(frontend), Backend: ap(backend), ReplyTo: ap(replyTo), Remaining: time.Hour}
 	}
@@ -26,7 +28,9 @@ func TestAdopt(t *testing.T) {
 	foreign := flow("10.244.3.4:40003", "10.96.0.1:443", "192.0.2.9:6443", "10.244.3.4:40003")
 	gone := flow("10.244.3.4:40004", "172.30.0.10:80", "10.244.9.9:8080", "10.244.3.4:40004")
 	host := flow("10.244.3.4:40005", "172.30.0.10:80", "192.168.50.2:8080", "10.244.3.4:40005")
-	flows := []AdoptedFlow{plain, masqKept, masqMoved, foreign, gone, host}
+	masqUDP := flow("192.0.2.10:5353", "172.30.0.10:53", "10.244.2.3:8080", "192.168.50.2:5353")
+	masqUDP.Proto = model.UDP
+	flows := []AdoptedFlow{plain, masqKept, masqMoved, foreign, gone, host, masqUDP}
 
 	for _, tc := range []struct {
 		name    string
@@ -35,16 +39,16 @@ func TestAdopt(t *testing.T) {
 		skipped map[string]int
 		flags   uint16 // of the plain flow's entries, beyond REPLY
 	}{
-		{"netfilter", Config{NetfilterMark: 0x4000}, []AdoptedFlow{plain},
-			map[string]int{AdoptMasqueraded: 2, AdoptNotServed: 1, AdoptNoBackend: 1, AdoptHostBackend: 1},
+		{"netfilter", Config{NetfilterMark: 0x4000}, []AdoptedFlow{plain, masqKept, masqMoved},
+			map[string]int{AdoptMasqueraded: 1, AdoptNotServed: 1, AdoptNoBackend: 1, AdoptHostBackend: 1},
 			adoptedFlags},
-		{"bypass", Config{}, []AdoptedFlow{plain},
-			map[string]int{AdoptMasqueraded: 2, AdoptNotServed: 1, AdoptNoBackend: 1, AdoptHostBackend: 1},
+		{"bypass", Config{}, []AdoptedFlow{plain, masqKept, masqMoved},
+			map[string]int{AdoptMasqueraded: 1, AdoptNotServed: 1, AdoptNoBackend: 1, AdoptHostBackend: 1},
 			adoptedFlags},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, s := memDatapath(t, tc.cfg)
-			if err := memSync(t, d, web); err != nil {
+			if err := memSync(t, d, web, dns); err != nil {
 				t.Fatal(err)
 			}
 			res, err := d.Adopt(flows)
@@ -84,6 +88,20 @@ func TestAdopt(t *testing.T) {
 				ntohs(re.NatPort) != 80 || decodeAddr(re.SnatAddr, rk.Family) != plain.Client.Addr() || ntohs(re.SnatPort) != 40000 {
 				t.Errorf("reply entry %+v (present %v)", re, ok)
 			}
+			// A masqueraded connection keeps its masquerade address and
+			// port; its reply entry is keyed by them.
+			mbe := d.backends[newBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP)].id
+			mfk, _, mrk, _ := adoptedEntries(masqMoved, svcID, mbe, tc.flags, now)
+			snat := tc.flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
+			if me, ok := ct.m[mfk]; !ok || me.Flags != snat || decodeAddr(me.SnatAddr, mfk.Family) != masqMoved.ReplyTo.Addr() || ntohs(me.SnatPort) != 51000 {
+				t.Errorf("masqueraded forward entry %+v (present %v)", me, ok)
+			}
+			if decodeAddr(mrk.Daddr, mrk.Family) != masqMoved.ReplyTo.Addr() || ntohs(mrk.Dport) != 51000 {
+				t.Errorf("masqueraded reply key %+v, want to %s", mrk, masqMoved.ReplyTo)
+			}
+			if re, ok := ct.m[mrk]; !ok || re.Flags != snat|uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) || decodeAddr(re.SnatAddr, mrk.Family) != masqMoved.Client.Addr() || ntohs(re.SnatPort) != 40002 {
+				t.Errorf("masqueraded reply entry %+v (present %v)", re, ok)
+			}
 			// Adopting again overwrites nothing.
 			ct.m[fk] = xbpf.CtEntry{BackendId: 99}
 			again, err := d.Adopt([]AdoptedFlow{plain})
@@ -91,5 +109,39 @@ func TestAdopt(t *testing.T) {
 				t.Errorf("second adoption: %+v %v, entry %+v", again, err, ct.m[fk])
 			}
 		})
+	}
+}
+
+// TestAdoptAtNextSync: the first sync writes the adopted flows before the
+// heads that make the Service visible, so no packet of theirs meets the
+// Service without its flow.
+func TestAdoptAtNextSync(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	d, s := memDatapath(t, Config{NetfilterMark: 0x4000})
+	web := svcPort("web", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080")
+	f := AdoptedFlow{Proto: model.TCP, Client: ap("10.244.3.4:40000"), Frontend: ap("172.30.0.10:80"),
+		Backend: ap("10.244.1.2:8080"), ReplyTo: ap("10.244.3.4:40000"), Remaining: time.Hour}
+	d.AdoptAtNextSync([]AdoptedFlow{f})
+	if res, _ := d.Adopted(); res != nil {
+		t.Fatalf("adopted before the sync: %+v", res)
+	}
+	if err := memSync(t, d, web); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.Adopted()
+	if err != nil || res == nil || len(res.Adopted) != 1 {
+		t.Fatalf("after the sync: %+v %v", res, err)
+	}
+	adopt, head := s.log.index("add", "conntrack", ""), s.log.index("put", "services", "head")
+	if adopt < 0 || head < 0 || adopt > head {
+		t.Fatalf("conntrack entries added at %d, the head written at %d: %v", adopt, head, s.log.ops)
+	}
+	// Only once.
+	s.log.ops = nil
+	if err := memSync(t, d, web); err != nil {
+		t.Fatal(err)
+	}
+	if s.log.index("add", "conntrack", "") >= 0 {
+		t.Errorf("a second sync adopted again: %v", s.log.ops)
 	}
 }

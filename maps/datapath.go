@@ -117,6 +117,11 @@ type Datapath struct {
 	staleDeleted [2]uint64
 	// staleTook is how long the last Sync's stale-flow deletion took.
 	staleTook time.Duration
+	// adoptNext are the flows the next Sync adopts (AdoptAtNextSync);
+	// adoptDone and adoptErr what it did.
+	adoptNext []AdoptedFlow
+	adoptDone *AdoptResult
+	adoptErr  error
 }
 
 // tableState identifies a written scheduler table by what it was built
@@ -397,6 +402,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	if err := d.planRemovals(ws, released); err != nil {
 		return err
 	}
+	d.adoptPending()
 	if err := d.commit(ws); err != nil {
 		return err
 	}

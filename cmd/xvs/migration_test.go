@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -35,6 +36,8 @@ type kubeProxyShape struct {
 	setup   [][]string        // commands in the node namespace
 	sysctls map[string]string // under /proc/sys/, set after setup
 	cleanup [][]string        // what `kube-proxy --cleanup` does
+	// masquerade: the backends see the node's address, not the client's.
+	masquerade bool
 	// through reports whether a client's connection to the VIP went
 	// through kube-proxy's state.
 	through func(ns *lab.NS, client netip.AddrPort, proto uint8) (bool, error)
@@ -56,10 +59,13 @@ var kubeForwardCleanup = [][]string{
 }
 
 // iptablesShape: kube-proxy's iptables mode (KUBE-SERVICES, a KUBE-SVC
-// chain per port choosing a KUBE-SEP chain at random, DNAT there).
-func iptablesShape() kubeProxyShape {
+// chain per port choosing a KUBE-SEP chain at random, DNAT there). With
+// masquerade, what kube-proxy adds for clients outside the cluster CIDR:
+// KUBE-MARK-MASQ, and KUBE-POSTROUTING's MASQUERADE --random-fully (the
+// backend sees the node's address and another port).
+func iptablesShape(masquerade bool) kubeProxyShape {
 	vip := harness.DemoVIP.String()
-	k := kubeProxyShape{setup: [][]string{
+	k := kubeProxyShape{masquerade: masquerade, setup: [][]string{
 		{"iptables", "-t", "nat", "-N", "KUBE-SERVICES"},
 		{"iptables", "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
 	}, cleanup: [][]string{
@@ -70,6 +76,9 @@ func iptablesShape() kubeProxyShape {
 	for _, p := range []struct{ proto, port, svc string }{{"tcp", "80", "KUBE-SVC-WEB"}, {"udp", "53", "KUBE-SVC-DNS"}} {
 		k.setup = append(k.setup, []string{"iptables", "-t", "nat", "-N", p.svc},
 			[]string{"iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", vip + "/32", "-p", p.proto, "--dport", p.port, "-j", p.svc})
+		if masquerade {
+			k.setup = append(k.setup, []string{"iptables", "-t", "nat", "-A", p.svc, "!", "-s", "10.244.0.0/16", "-j", "KUBE-MARK-MASQ"})
+		}
 		n := len(harness.DemoPodIPs)
 		for i := range n {
 			sep := fmt.Sprintf("KUBE-SEP-%s-%d", p.proto, i)
@@ -81,6 +90,18 @@ func iptablesShape() kubeProxyShape {
 			}
 			k.setup = append(k.setup, append(rule, "-j", sep))
 		}
+	}
+	if masquerade {
+		k.setup = append([][]string{
+			{"iptables", "-t", "nat", "-N", "KUBE-MARK-MASQ"},
+			{"iptables", "-t", "nat", "-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", "0x4000"},
+			{"iptables", "-t", "nat", "-N", "KUBE-POSTROUTING"},
+			{"iptables", "-t", "nat", "-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"},
+			{"iptables", "-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x4000/0x4000", "-j", "RETURN"},
+			{"iptables", "-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", "0x4000"},
+			{"iptables", "-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MASQUERADE", "--random-fully"},
+		}, k.setup...)
+		k.cleanup = append([][]string{{"iptables", "-t", "nat", "-D", "POSTROUTING", "-j", "KUBE-POSTROUTING"}}, k.cleanup...)
 	}
 	k.setup = append(k.setup, kubeForward...)
 	k.cleanup = append(kubeForwardCleanup, k.cleanup...)
@@ -188,40 +209,15 @@ func testMigration(t *testing.T, shape kubeProxyShape) {
 				t.Fatal(err)
 			}
 
-			// Connections through kube-proxy.
-			tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
-			var streams []*lab.HeldStream
-			for range harness.DemoPodIPs {
-				h, err := lab.StartHeldStream(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.HeldSpec{Rate: 128 << 10, Timeout: 3 * time.Second})
-				if err != nil {
-					t.Fatalf("a stream through kube-proxy: %v", err)
-				}
-				defer h.Close()
-				streams = append(streams, h)
-			}
-			udp, err := lab.StartUDPSession(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 40053), netip.AddrPortFrom(harness.DemoVIP, 53), lab.UDPSpec{Size: 512})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer udp.Close()
-			first, err := udp.Await(time.Now(), 5*time.Second, podAddr(0), podAddr(1), podAddr(2))
-			if err != nil {
-				t.Fatalf("UDP through kube-proxy: %v", err)
-			}
-			for _, h := range streams {
-				if ok, err := shape.through(ns, h.Local, unix.IPPROTO_TCP); err != nil || !ok {
-					t.Fatalf("stream %s did not go through kube-proxy's state (%v)", h.Local, err)
-				}
-				if _, err := h.Check(10 * time.Second); err != nil {
-					t.Fatalf("before the switch: %v", err)
+			flows := startMigrationFlows(t, w, shape.through)
+			for _, h := range flows.streams {
+				if masqueraded := h.Server.Peer.Addr() != harness.DemoClientIP; masqueraded != shape.masquerade {
+					t.Fatalf("stream %s: the backend saw %s (masqueraded %v, want %v)", h.Local, h.Server.Peer, masqueraded, shape.masquerade)
 				}
 			}
-			if ok, err := shape.through(ns, udp.Local, unix.IPPROTO_UDP); err != nil || !ok {
-				t.Fatalf("the UDP client %s did not go through kube-proxy's state (%v)", udp.Local, err)
-			}
-
 			var ev bytes.Buffer
 			if os.Getenv("XVS_DEBUG_CT") != "" {
+				// conntrack's events in the node namespace, shown at the end.
 				cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, "conntrack", "-E", "-o", "timestamp")
 				cmd.Stdout, cmd.Stderr = &ev, &ev
 				cmd.Start()
@@ -239,53 +235,121 @@ func testMigration(t *testing.T, shape kubeProxyShape) {
 					t.Fatalf("kube-proxy --cleanup: %v: %v\n%s", args, err, out)
 				}
 			}
-			switched := time.Now()
-			time.Sleep(2 * time.Second)
-
-			if !tc.adopt {
-				stalled := 0
-				for _, h := range streams {
-					if _, err := h.Check(5 * time.Second); err != nil {
-						stalled++
-					}
-				}
-				if stalled == 0 {
-					t.Fatal("without adoption every stream carried on: the test cannot tell adoption from its absence")
-				}
-				return
-			}
-			for round := range 2 {
-				for _, h := range streams {
-					st, err := h.Check(10 * time.Second)
-					if err != nil {
-						t.Fatalf("after the switch (round %d): %v", round, err)
-					}
-					t.Logf("stream %s -> %s: %d bytes intact (sha256 %s...)", h.Local, h.Server.Local, st.Bytes, st.SHA256[:12])
-				}
-				time.Sleep(time.Second)
-			}
-			if _, err := udp.Await(switched, 10*time.Second, first.Server.Local); err != nil {
-				t.Fatalf("the UDP client after the switch: %v", err)
-			}
-			if _, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.TransferSpec{Download: 4 << 20, Upload: 1 << 20}); err != nil {
-				t.Fatalf("a new connection after the switch: %v", err)
-			}
-			log, _ := os.ReadFile(w.Agent.Log)
-			m := regexp.MustCompile(`Took over the connections.* adopted=(\d+)`).FindSubmatch(log)
-			if m == nil || string(m[1]) != strconv.Itoa(len(streams)+1) {
-				t.Errorf("agent log: want %d connections adopted:\n%s", len(streams)+1, log)
-			}
+			flows.verdict(t, w, tc.adopt, shape.masquerade)
 		})
 	}
 }
 
+// migrationFlows are the connections open through kube-proxy at the
+// switch: three TCP streams (round robin: one per backend when kube-proxy
+// balances so) and a UDP client that keeps its port.
+type migrationFlows struct {
+	streams []*lab.HeldStream
+	udp     *lab.UDPSession
+	first   lab.UDPReply // the UDP client's first reply: its backend
+}
+
+// startMigrationFlows opens them, and checks with through that they went
+// through kube-proxy's state (nil: not checked).
+func startMigrationFlows(t *testing.T, w *harness.Single, through func(*lab.NS, netip.AddrPort, uint8) (bool, error)) *migrationFlows {
+	t.Helper()
+	f := &migrationFlows{}
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	for range harness.DemoPodIPs {
+		h, err := lab.StartHeldStream(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.HeldSpec{Rate: 128 << 10, Timeout: 3 * time.Second})
+		if err != nil {
+			t.Fatalf("a stream through kube-proxy: %v", err)
+		}
+		t.Cleanup(func() { h.Close() })
+		f.streams = append(f.streams, h)
+	}
+	var err error
+	f.udp, err = lab.StartUDPSession(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 40053), netip.AddrPortFrom(harness.DemoVIP, 53), lab.UDPSpec{Size: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.udp.Close() })
+	if f.first, err = f.udp.Await(time.Now(), 5*time.Second, podAddr(0), podAddr(1), podAddr(2)); err != nil {
+		t.Fatalf("UDP through kube-proxy: %v", err)
+	}
+	for _, h := range f.streams {
+		if through != nil {
+			if ok, err := through(w.Node.NS, h.Local, unix.IPPROTO_TCP); err != nil || !ok {
+				t.Fatalf("stream %s did not go through kube-proxy's state (%v)", h.Local, err)
+			}
+		}
+		if _, err := h.Check(10 * time.Second); err != nil {
+			t.Fatalf("before the switch: %v", err)
+		}
+	}
+	if through != nil {
+		if ok, err := through(w.Node.NS, f.udp.Local, unix.IPPROTO_UDP); err != nil || !ok {
+			t.Fatalf("the UDP client %s did not go through kube-proxy's state (%v)", f.udp.Local, err)
+		}
+	}
+	return f
+}
+
+// verdict checks the flows once kube-proxy's state is gone: with adoption
+// every stream carries on with every byte intact, the UDP client keeps its
+// backend, a new connection works and the agent says it took all four
+// over; without it, streams stall. A masqueraded UDP client is not taken
+// over (maps.Datapath.Adopt): it only has to be answered again.
+func (f *migrationFlows) verdict(t *testing.T, w *harness.Single, adopted, masqueraded bool) {
+	t.Helper()
+	switched := time.Now()
+	time.Sleep(2 * time.Second)
+	if !adopted {
+		stalled := 0
+		for _, h := range f.streams {
+			if _, err := h.Check(3 * time.Second); err != nil {
+				stalled++
+				break
+			}
+		}
+		if stalled == 0 {
+			t.Fatal("without adoption every stream carried on: the test cannot tell adoption from its absence")
+		}
+		return
+	}
+	for round := range 2 {
+		for _, h := range f.streams {
+			st, err := h.Check(10 * time.Second)
+			if err != nil {
+				t.Fatalf("after the switch (round %d): %v", round, err)
+			}
+			t.Logf("stream %s -> %s: %d bytes intact (sha256 %s...)", h.Local, h.Server.Local, st.Bytes, st.SHA256[:12])
+		}
+		time.Sleep(time.Second)
+	}
+	backends := []netip.AddrPort{f.first.Server.Local}
+	want := len(f.streams) + 1
+	if masqueraded {
+		backends, want = []netip.AddrPort{podAddr(0), podAddr(1), podAddr(2)}, len(f.streams)
+	}
+	if _, err := f.udp.Await(switched, 10*time.Second, backends...); err != nil {
+		t.Fatalf("the UDP client after the switch: %v", err)
+	}
+	if _, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), netip.AddrPortFrom(harness.DemoVIP, 80),
+		lab.TransferSpec{Download: 4 << 20, Upload: 1 << 20}); err != nil {
+		t.Fatalf("a new connection after the switch: %v", err)
+	}
+	log, _ := os.ReadFile(w.Agent.Log)
+	m := regexp.MustCompile(`Took over the connections.* adopted=(\d+)`).FindSubmatch(log)
+	if m == nil || string(m[1]) != strconv.Itoa(want) {
+		t.Errorf("agent log: want %d connections adopted:\n%s", want, log)
+	}
+}
+
 // TestPrivMigrationFromIPTables: from kube-proxy's iptables mode (runs on
-// the host).
+// the host), with clients kube-proxy does not masquerade, and with clients
+// it masquerades (from outside the cluster CIDR).
 func TestPrivMigrationFromIPTables(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("namespace tests need root (network namespaces, netfilter); run them as root")
 	}
-	testMigration(t, iptablesShape())
+	t.Run("plain", func(t *testing.T) { testMigration(t, iptablesShape(false)) })
+	t.Run("masqueraded", func(t *testing.T) { testMigration(t, iptablesShape(true)) })
 }
 
 // TestPrivIPVSMigration: from kube-proxy's IPVS mode (the VM rig).
@@ -297,4 +361,83 @@ func TestPrivIPVSMigration(t *testing.T) {
 		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
 	}
 	testMigration(t, ipvsShape())
+}
+
+// TestPrivMigrationFromKubeProxy: from the real kube-proxy v1.37 (make
+// kube-proxy), in nftables and in iptables mode, against the tests' API
+// server: kube-proxy serves the Service; connections open; kube-proxy
+// stops (its rules stay, as when its DaemonSet is scheduled away); xvs
+// starts from the same API server; `kube-proxy --cleanup` removes
+// kube-proxy's rules. Every connection carries on.
+func TestPrivMigrationFromKubeProxy(t *testing.T) {
+	bins, _ := filepath.Glob("/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy")
+	if len(bins) == 0 {
+		t.Fatal("no kube-proxy build under /var/cache/xvs/kube-proxy: run make kube-proxy (make test does)")
+	}
+	kpBin := bins[len(bins)-1]
+	for _, mode := range []string{"nftables", "iptables"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newKubeWorld(t)
+			ns := w.Node.NS
+			// A node has a default route (see testMigration).
+			if out, err := lab.Run(ns, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+			if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: %s
+hostnameOverride: node
+clientConnection: {kubeconfig: %s}
+conntrack: {maxPerCore: 0}
+metricsBindAddress: 127.0.0.1:10259
+healthzBindAddress: 127.0.0.1:10266
+`, mode, w.srv.Kubeconfig)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			kpLog := filepath.Join(t.TempDir(), "kube-proxy.log")
+			kp, err := lab.StartTied(ns, kpLog, kpBin, "--config", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cleanup := func() {
+				out, _ := lab.Run(ns, kpBin, "--cleanup")
+				if rules, _ := lab.Run(ns, "nft", "list", "ruleset"); strings.Contains(string(rules), "kube-proxy") || strings.Contains(string(rules), "KUBE-SERVICES") {
+					t.Errorf("kube-proxy --cleanup left its rules: %s\n%s", out, rules)
+				}
+			}
+			t.Cleanup(func() {
+				kp.Stop(5 * time.Second)
+				lab.Run(ns, kpBin, "--cleanup")
+				if t.Failed() {
+					b, _ := os.ReadFile(kpLog)
+					t.Logf("kube-proxy log:\n%s", b)
+				}
+			})
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				code, _, body, err := nsGet(ns, "http://127.0.0.1:10259/metrics")
+				if err == nil && code == 200 && strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("kube-proxy never synced: %d %v", code, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			flows := startMigrationFlows(t, w.Single, iptablesShape(false).through)
+			if err := kp.Stop(5 * time.Second); err != nil {
+				t.Fatalf("stopping kube-proxy: %v", err)
+			}
+			for _, h := range flows.streams {
+				if _, err := h.Check(10 * time.Second); err != nil {
+					t.Fatalf("with kube-proxy stopped, its rules still serve: %v", err)
+				}
+			}
+			w.startKubeAgent(t)
+			w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+			cleanup()
+			flows.verdict(t, w.Single, true, false)
+		})
+	}
 }
