@@ -363,13 +363,13 @@ func TestPrivIPVSMigration(t *testing.T) {
 	testMigration(t, ipvsShape())
 }
 
-// TestPrivMigrationFromKubeProxy: from the real kube-proxy v1.37 (make
+// TestPrivKubeProxyMigration: from the real kube-proxy v1.37 (make
 // kube-proxy), in nftables and in iptables mode, against the tests' API
 // server: kube-proxy serves the Service; connections open; kube-proxy
 // stops (its rules stay, as when its DaemonSet is scheduled away); xvs
 // starts from the same API server; `kube-proxy --cleanup` removes
 // kube-proxy's rules. Every connection carries on.
-func TestPrivMigrationFromKubeProxy(t *testing.T) {
+func TestPrivKubeProxyMigration(t *testing.T) {
 	bins, _ := filepath.Glob("/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy")
 	if len(bins) == 0 {
 		t.Fatal("no kube-proxy build under /var/cache/xvs/kube-proxy: run make kube-proxy (make test does)")
