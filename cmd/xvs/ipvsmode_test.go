@@ -517,3 +517,167 @@ func kernelOlderThan(major, minor int) bool {
 	}
 	return ma < major || (ma == major && mi < minor)
 }
+
+// TestPrivIPVSBesideKubeProxy: kube-proxy's IPVS mode has left its state on
+// the node, as a node being migrated has it (kube-ipvs0 with a ClusterIP, a
+// virtual server to a pod, its KUBE-SERVICES chain), and a connection
+// through it is carrying data. xvs then runs on that node in every way an
+// operator would run it during a migration and a rollback: ebpf mode,
+// `xvs cleanup` and `xvs agent --cleanup`; ipvs mode on the same
+// kube-ipvs0; the switch from ipvs mode back to ebpf; a last cleanup.
+// After each step kube-proxy's state is whole, a new transfer through it
+// arrives intact, and the held stream through it has lost nothing.
+func TestPrivIPVSBesideKubeProxy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("namespace tests need root (network namespaces, IPVS); run them as root")
+	}
+	if err := ipvs.Available(); err != nil {
+		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := harness.NewSingleT(t, "k", bin)
+	if err := w.WriteService(harness.DemoPodIPs); err != nil {
+		t.Fatal(err)
+	}
+	ns := w.Node.NS
+	kp := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 443)
+	kpReal := podAddr(0)
+	for _, args := range [][]string{
+		{"ip", "link", "add", ipvs.DefaultDevice, "type", "dummy"},
+		{"ip", "addr", "add", kp.Addr().String() + "/32", "dev", ipvs.DefaultDevice},
+		{"ipvsadm", "-A", "-t", kp.String(), "-s", "rr"},
+		{"ipvsadm", "-a", "-t", kp.String(), "-r", kpReal.String(), "-m"},
+		{"iptables", "-t", "nat", "-N", "KUBE-SERVICES"},
+		{"iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", kp.Addr().String() + "/32", "-p", "tcp", "--dport", "443", "-j", "RETURN"},
+	} {
+		if out, err := lab.Run(ns, args[0], args[1:]...); err != nil {
+			t.Fatalf("kube-proxy's state: %v: %v\n%s", args, err, out)
+		}
+	}
+	if err := ns.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/vs/conntrack", []byte("1"), 0o644) }); err != nil {
+		t.Fatal(err)
+	}
+
+	held, err := lab.StartHeldStream(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), kp, lab.HeldSpec{Rate: 256 << 10, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("a connection through kube-proxy's virtual server: %v", err)
+	}
+	defer held.Close()
+	if held.Server.Local != kpReal {
+		t.Fatalf("held stream reached %s, want kube-proxy's real server %s", held.Server.Local, kpReal)
+	}
+	var last int64
+	kubeProxyWhole := func(step string) {
+		t.Helper()
+		out, err := lab.Run(ns, "ipvsadm", "-Ln")
+		if got := strings.Join(strings.Fields(string(out)), " "); err != nil || !strings.Contains(got, "TCP "+kp.String()+" rr") ||
+			!strings.Contains(got, "-> "+kpReal.String()+" Masq 1") {
+			t.Fatalf("%s: kube-proxy's virtual server is gone or changed: %v\n%s", step, err, out)
+		}
+		if out, err := lab.Run(ns, "ip", "-o", "addr", "show", "dev", ipvs.DefaultDevice); err != nil || !strings.Contains(string(out), kp.Addr().String()+"/32") {
+			t.Fatalf("%s: kube-proxy's ClusterIP is no longer on %s: %v\n%s", step, ipvs.DefaultDevice, err, out)
+		}
+		if out, err := lab.Run(ns, "iptables", "-t", "nat", "-S", "KUBE-SERVICES"); err != nil || !strings.Contains(string(out), "-j RETURN") {
+			t.Fatalf("%s: kube-proxy's KUBE-SERVICES chain is gone or changed: %v\n%s", step, err, out)
+		}
+		res, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), kp, lab.TransferSpec{Download: 4 << 20, Upload: 1 << 20})
+		if err != nil || res.Server.Local != kpReal {
+			t.Fatalf("%s: a new transfer through kube-proxy's virtual server: %v (reached %s)", step, err, res.Server.Local)
+		}
+		st, err := held.Check(10 * time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if st.Bytes <= last {
+			t.Fatalf("%s: the held stream moved no data since the last step (%d bytes)", step, st.Bytes)
+		}
+		last = st.Bytes
+	}
+	xvsServes := func(step string) {
+		t.Helper()
+		_, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), netip.AddrPortFrom(harness.DemoVIP, 80), lab.TransferSpec{Download: 4 << 20})
+		if err != nil {
+			t.Fatalf("%s: a transfer through xvs's Service: %v", step, err)
+		}
+	}
+	cleanup := func(args ...string) {
+		t.Helper()
+		if out, err := lab.Run(ns, bin, append(args, "--pin-path", w.PinPath)...); err != nil {
+			t.Fatalf("xvs %v: %v\n%s", args, err, out)
+		}
+	}
+	stop := func() {
+		t.Helper()
+		if err := w.Agent.Stop(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		w.Agent = nil
+	}
+	kubeProxyWhole("before xvs")
+
+	// ebpf mode: its programs see kube-proxy's ClusterIP first and leave
+	// it to IPVS.
+	if err := w.StartAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	xvsServes("ebpf mode")
+	kubeProxyWhole("ebpf mode running")
+	stop()
+	kubeProxyWhole("ebpf mode stopped")
+	cleanup("cleanup")
+	kubeProxyWhole("xvs cleanup")
+	cleanup("agent", "--cleanup")
+	kubeProxyWhole("xvs agent --cleanup")
+
+	// ipvs mode, on kube-proxy's kube-ipvs0.
+	if err := w.StartAgent("--proxy-mode", "ipvs"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitIPVS(w, len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	xvsServes("ipvs mode")
+	kubeProxyWhole("ipvs mode running")
+	snap, err := listIPVSOf(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sv := range snap.Services {
+		if sv.Address == kp {
+			t.Errorf("xvs list shows kube-proxy's virtual server %s as xvs's", kp)
+		}
+	}
+	stop()
+	kubeProxyWhole("ipvs mode stopped")
+
+	// Back to ebpf: the start removes what xvs's ipvs mode made, only that.
+	if err := w.StartAgent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	xvsServes("ebpf mode after ipvs mode")
+	kubeProxyWhole("ebpf mode after ipvs mode")
+	out, err := lab.Run(ns, "ipvsadm", "-Ln")
+	if err != nil || strings.Contains(string(out), harness.DemoVIP.String()) {
+		t.Errorf("xvs's virtual servers left after switching to ebpf: %v\n%s", err, out)
+	}
+	if out, err := lab.Run(ns, "ip", "-o", "addr", "show", "dev", ipvs.DefaultDevice); err != nil || strings.Contains(string(out), harness.DemoVIP.String()) {
+		t.Errorf("xvs's VIP left on %s after switching to ebpf: %v\n%s", ipvs.DefaultDevice, err, out)
+	}
+	stop()
+	cleanup("cleanup")
+	kubeProxyWhole("last xvs cleanup")
+	var record string
+	ns.Do(func() error { record = ipvs.NamespaceFile("ipvs-state"); return nil })
+	if _, err := os.Stat(record); !os.IsNotExist(err) {
+		t.Errorf("xvs's IPVS record %s after the last cleanup: %v", record, err)
+	}
+}

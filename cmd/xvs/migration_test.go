@@ -139,8 +139,17 @@ func ipvsShape() kubeProxyShape {
 	}
 	k.setup = append(k.setup, kubeForward...)
 	k.through = func(ns *lab.NS, client netip.AddrPort, _ uint8) (found bool, err error) {
+		// /proc/net is the main thread's namespace: read this thread's.
 		var conns []ipvs.Conn
-		err = ns.Do(func() (err error) { conns, err = ipvs.ReadConns(); return err })
+		err = ns.Do(func() error {
+			f, err := os.Open("/proc/thread-self/net/ip_vs_conn")
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			conns, err = ipvs.ParseConns(f)
+			return err
+		})
 		for _, c := range conns {
 			found = found || c.Client == client
 		}
@@ -165,16 +174,10 @@ func testMigration(t *testing.T, shape kubeProxyShape) {
 		{"without-adoption", []string{"--adopt-connections=false"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := harness.NewSingle("m", bin)
-			if err != nil {
-				t.Fatal(err)
-			}
+			w := harness.NewSingleT(t, "m", bin)
 			ns := w.Node.NS
 			t.Cleanup(func() {
 				if t.Failed() && w.Agent != nil {
-					if log, err := os.ReadFile(w.Agent.Log); err == nil {
-						t.Logf("agent log:\n%s", log)
-					}
 					// What the programs did with the packets.
 					if _, _, body, err := nsGet(ns, "http://127.0.0.1:10249/metrics"); err == nil {
 						for _, line := range strings.Split(body, "\n") {
@@ -184,7 +187,6 @@ func testMigration(t *testing.T, shape kubeProxyShape) {
 						}
 					}
 				}
-				w.Close()
 			})
 			if err := w.WriteService(harness.DemoPodIPs); err != nil {
 				t.Fatal(err)

@@ -238,11 +238,9 @@ func (s *Single) Close() error {
 	return err
 }
 
-// StartSingle builds the single-node world for a test (namespaces under
-// tag, bin as the agent), writes the demo Service with every pod and
-// starts the agent with agentArgs. The world goes away with the test, and
-// the agent's log is shown when the test failed.
-func StartSingle(t testing.TB, tag, bin string, agentArgs ...string) *Single {
+// NewSingleT is NewSingle for a test: the world goes away with the test,
+// and the agent's log is shown when the test failed.
+func NewSingleT(t testing.TB, tag, bin string) *Single {
 	t.Helper()
 	w, err := NewSingle(tag, bin)
 	if err != nil {
@@ -256,6 +254,15 @@ func StartSingle(t testing.TB, tag, bin string, agentArgs ...string) *Single {
 		}
 		w.Close()
 	})
+	return w
+}
+
+// StartSingle builds the single-node world for a test (NewSingleT: tag,
+// bin as the agent), writes the demo Service with every pod and starts the
+// agent with agentArgs.
+func StartSingle(t testing.TB, tag, bin string, agentArgs ...string) *Single {
+	t.Helper()
+	w := NewSingleT(t, tag, bin)
 	if err := w.WriteService(DemoPodIPs); err != nil {
 		t.Fatal(err)
 	}
