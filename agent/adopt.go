@@ -79,7 +79,7 @@ func (s *syncer) finishAdoption(ad *adoption) {
 		return // the sync failed before it adopted: the next one has them
 	}
 	res := *done
-	seen := map[[3]string]bool{}
+	seen := map[flowKey]bool{}
 	for _, f := range ad.flows {
 		seen[adoptedKey(f.Proto, f.Client, f.Frontend)] = true
 	}
@@ -173,12 +173,18 @@ func adoptedFlowOf(fl *netlink.ConntrackFlow) (maps.AdoptedFlow, bool) {
 		Remaining: time.Duration(fl.TimeOut) * time.Second}, true
 }
 
-// adoptedFilter matches netfilter's entries of the adopted connections.
-type adoptedFilter map[[3]string]bool
-
-func adoptedKey(proto model.Protocol, client, frontend netip.AddrPort) [3]string {
-	return [3]string{proto.String(), client.String(), frontend.String()}
+// flowKey is a connection as netfilter's original direction names it.
+type flowKey struct {
+	proto            model.Protocol
+	client, frontend netip.AddrPort
 }
+
+func adoptedKey(proto model.Protocol, client, frontend netip.AddrPort) flowKey {
+	return flowKey{proto, client, frontend}
+}
+
+// adoptedFilter matches netfilter's entries of the adopted connections.
+type adoptedFilter map[flowKey]bool
 
 func (f adoptedFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 	a, ok := adoptedFlowOf(fl)

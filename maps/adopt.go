@@ -141,7 +141,7 @@ func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 			res.Skipped[AdoptMasqueraded]++
 			continue
 		}
-		fwdKey, fwd, revKey, rev := adoptedEntries(f, svcID, be.id, adoptedFlags, now)
+		fwdKey, fwd, revKey, rev := adoptedEntries(f, svcID, be.id, now)
 		added, err := ct.add(revKey, rev)
 		if err == nil && added {
 			if added, err = ct.add(fwdKey, fwd); err == nil && !added {
@@ -168,7 +168,8 @@ func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 
 // adoptedEntries are f's two conntrack entries, as flow_new writes them
 // for a new flow, with the state of an established one.
-func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, flags uint16, now uint64) (fwdKey xbpf.CtKey, fwd xbpf.CtEntry, revKey xbpf.CtKey, rev xbpf.CtEntry) {
+func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, now uint64) (fwdKey xbpf.CtKey, fwd xbpf.CtEntry, revKey xbpf.CtKey, rev xbpf.CtEntry) {
+	flags := adoptedFlags
 	client, fam := encodeAddr(f.Client.Addr())
 	frontend, _ := encodeAddr(f.Frontend.Addr())
 	backend, _ := encodeAddr(f.Backend.Addr())

@@ -76,7 +76,7 @@ func TestAdopt(t *testing.T) {
 			svcID, _ := d.svcIDs.lookup(frontendKey{addr: netip.MustParseAddr("172.30.0.10"), port: 80, proto: model.TCP})
 			beID := d.backends[newBackendKey(netip.MustParseAddr("10.244.1.2"), 8080, model.TCP)].id
 			now, _ := monotonicNow()
-			fk, _, rk, _ := adoptedEntries(plain, svcID, beID, tc.flags, now)
+			fk, _, rk, _ := adoptedEntries(plain, svcID, beID, now)
 			fe, ok := ct.m[fk]
 			if !ok || fe.BackendId != beID || fe.SvcId != svcID || decodeAddr(fe.NatAddr, fk.Family) != plain.Backend.Addr() ||
 				ntohs(fe.NatPort) != 8080 || fe.Flags != tc.flags || xbpf.CtState(fe.State) != xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED ||
@@ -91,7 +91,7 @@ func TestAdopt(t *testing.T) {
 			// A masqueraded connection keeps its masquerade address and
 			// port; its reply entry is keyed by them.
 			mbe := d.backends[newBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP)].id
-			mfk, _, mrk, _ := adoptedEntries(masqMoved, svcID, mbe, tc.flags, now)
+			mfk, _, mrk, _ := adoptedEntries(masqMoved, svcID, mbe, now)
 			snat := tc.flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
 			if me, ok := ct.m[mfk]; !ok || me.Flags != snat || decodeAddr(me.SnatAddr, mfk.Family) != masqMoved.ReplyTo.Addr() || ntohs(me.SnatPort) != 51000 {
 				t.Errorf("masqueraded forward entry %+v (present %v)", me, ok)

@@ -616,16 +616,20 @@ func TestPrivIPVSBesideKubeProxy(t *testing.T) {
 		}
 		w.Agent = nil
 	}
+	startEBPF := func() {
+		t.Helper()
+		if err := w.StartAgent(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 	kubeProxyWhole("before xvs")
 
 	// ebpf mode: its programs see kube-proxy's ClusterIP first and leave
 	// it to IPVS.
-	if err := w.StartAgent(); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	startEBPF()
 	xvsServes("ebpf mode")
 	kubeProxyWhole("ebpf mode running")
 	stop()
@@ -657,12 +661,7 @@ func TestPrivIPVSBesideKubeProxy(t *testing.T) {
 	kubeProxyWhole("ipvs mode stopped")
 
 	// Back to ebpf: the start removes what xvs's ipvs mode made, only that.
-	if err := w.StartAgent(); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	startEBPF()
 	xvsServes("ebpf mode after ipvs mode")
 	kubeProxyWhole("ebpf mode after ipvs mode")
 	out, err := lab.Run(ns, "ipvsadm", "-Ln")

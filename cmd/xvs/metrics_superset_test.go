@@ -44,54 +44,14 @@ var kubeProxyIPVSMode = []string{
 // /metrics too, with kube-proxy's IPVS-mode additions: dashboards and
 // alerts written for kube-proxy keep their series.
 func TestPrivKubeMetricsSuperset(t *testing.T) {
-	bins, _ := filepath.Glob("/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy")
-	if len(bins) == 0 {
-		t.Fatal("no kube-proxy build under /var/cache/xvs/kube-proxy: run make kube-proxy (make test does)")
-	}
 	w := newKubeWorld(t)
 	w.startKubeAgent(t)
 	w.waitBackends(t, harness.DemoVIP, 80, 3, 60*time.Second)
 
-	cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-hostnameOverride: node
-clientConnection: {kubeconfig: %s}
-conntrack: {maxPerCore: 0}
-metricsBindAddress: 127.0.0.1:10259
-healthzBindAddress: 127.0.0.1:10266
-`, w.srv.Kubeconfig)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kpLog := filepath.Join(t.TempDir(), "kube-proxy.log")
-	kp, err := lab.StartTied(w.Node.NS, kpLog, bins[len(bins)-1], "--config", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		kp.Stop(5 * time.Second)
-		lab.Run(w.Node.NS, "nft", "delete", "table", "ip", "kube-proxy")
-		lab.Run(w.Node.NS, "nft", "delete", "table", "ip6", "kube-proxy")
-		if t.Failed() {
-			b, _ := os.ReadFile(kpLog)
-			t.Logf("kube-proxy log:\n%s", b)
-		}
-	})
-	// Both have synced the Services once kube-proxy's sync timestamp is
-	// there; then one EndpointSlice change goes through both.
+	startKubeProxy(t, w, kubeProxyBin(t), "nftables")
+	// Both have synced the Services; then one EndpointSlice change goes
+	// through both.
 	var kpText string
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		code, _, body, err := nsGet(w.Node.NS, "http://127.0.0.1:10259/metrics")
-		if err == nil && code == 200 && strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kube-proxy never synced: %d %v", code, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 	w.updateSlice(t, "web", "web-1", harness.DemoPodIPs[:2], "node")
 	w.waitBackends(t, harness.DemoVIP, 80, 2, 10*time.Second)
 	time.Sleep(2 * time.Second) // kube-proxy's minSyncPeriod (1s) and a sync
@@ -134,4 +94,60 @@ func metricNames(text string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// kubeProxyBin is the real kube-proxy v1.37 that make kube-proxy built.
+func kubeProxyBin(t *testing.T) string {
+	t.Helper()
+	bins, _ := filepath.Glob("/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy")
+	if len(bins) == 0 {
+		t.Fatal("no kube-proxy build under /var/cache/xvs/kube-proxy: run make kube-proxy (make test does)")
+	}
+	return bins[len(bins)-1]
+}
+
+// startKubeProxy runs the real kube-proxy in mode in the node namespace,
+// against the world's API server (metrics on 127.0.0.1:10259), and waits
+// until it has synced the Services. It is stopped, and its rules removed
+// (kube-proxy --cleanup), with the test; its log is shown if the test
+// failed.
+func startKubeProxy(t *testing.T, w *kubeWorld, bin, mode string) *lab.Process {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: %s
+hostnameOverride: node
+clientConnection: {kubeconfig: %s}
+conntrack: {maxPerCore: 0}
+metricsBindAddress: 127.0.0.1:10259
+healthzBindAddress: 127.0.0.1:10266
+`, mode, w.srv.Kubeconfig)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kpLog := filepath.Join(t.TempDir(), "kube-proxy.log")
+	kp, err := lab.StartTied(w.Node.NS, kpLog, bin, "--config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		kp.Stop(5 * time.Second)
+		lab.Run(w.Node.NS, bin, "--cleanup")
+		if t.Failed() {
+			b, _ := os.ReadFile(kpLog)
+			t.Logf("kube-proxy log:\n%s", b)
+		}
+	})
+	// It has synced once its sync timestamp is there.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _, body, err := nsGet(w.Node.NS, "http://127.0.0.1:10259/metrics")
+		if err == nil && code == 200 && strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{") {
+			return kp
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-proxy never synced: %d %v", code, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -372,11 +371,7 @@ func TestPrivIPVSMigration(t *testing.T) {
 // starts from the same API server; `kube-proxy --cleanup` removes
 // kube-proxy's rules. Every connection carries on.
 func TestPrivKubeProxyMigration(t *testing.T) {
-	bins, _ := filepath.Glob("/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy")
-	if len(bins) == 0 {
-		t.Fatal("no kube-proxy build under /var/cache/xvs/kube-proxy: run make kube-proxy (make test does)")
-	}
-	kpBin := bins[len(bins)-1]
+	kpBin := kubeProxyBin(t)
 	for _, mode := range []string{"nftables", "iptables"} {
 		t.Run(mode, func(t *testing.T) {
 			w := newKubeWorld(t)
@@ -385,47 +380,12 @@ func TestPrivKubeProxyMigration(t *testing.T) {
 			if out, err := lab.Run(ns, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
 				t.Fatalf("%v: %s", err, out)
 			}
-			cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
-			if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: %s
-hostnameOverride: node
-clientConnection: {kubeconfig: %s}
-conntrack: {maxPerCore: 0}
-metricsBindAddress: 127.0.0.1:10259
-healthzBindAddress: 127.0.0.1:10266
-`, mode, w.srv.Kubeconfig)), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			kpLog := filepath.Join(t.TempDir(), "kube-proxy.log")
-			kp, err := lab.StartTied(ns, kpLog, kpBin, "--config", cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			kp := startKubeProxy(t, w, kpBin, mode)
 			cleanup := func() {
 				out, _ := lab.Run(ns, kpBin, "--cleanup")
 				if rules, _ := lab.Run(ns, "nft", "list", "ruleset"); strings.Contains(string(rules), "kube-proxy") || strings.Contains(string(rules), "KUBE-SERVICES") {
 					t.Errorf("kube-proxy --cleanup left its rules: %s\n%s", out, rules)
 				}
-			}
-			t.Cleanup(func() {
-				kp.Stop(5 * time.Second)
-				lab.Run(ns, kpBin, "--cleanup")
-				if t.Failed() {
-					b, _ := os.ReadFile(kpLog)
-					t.Logf("kube-proxy log:\n%s", b)
-				}
-			})
-			deadline := time.Now().Add(60 * time.Second)
-			for {
-				code, _, body, err := nsGet(ns, "http://127.0.0.1:10259/metrics")
-				if err == nil && code == 200 && strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{") {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("kube-proxy never synced: %d %v", code, err)
-				}
-				time.Sleep(200 * time.Millisecond)
 			}
 			flows := startMigrationFlows(t, w.Single, iptablesShape(false).through)
 			if err := kp.Stop(5 * time.Second); err != nil {
