@@ -311,11 +311,8 @@ func (a *Agent) registerDatapathMetrics() error {
 			return err
 		}
 	}
-	if so, ok := a.active.dp.(slotOccupancy); ok {
-		if err := a.metrics.RegisterMapOccupancy(func() map[string][2]uint64 {
-			used, capacity := so.SlotOccupancy()
-			return map[string][2]uint64{"services": {uint64(used), uint64(capacity)}}
-		}); err != nil {
+	if mo, ok := a.active.dp.(mapOccupancy); ok {
+		if err := a.metrics.RegisterMapOccupancy(mo.MapOccupancy); err != nil {
 			return err
 		}
 	}

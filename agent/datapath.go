@@ -197,8 +197,9 @@ type (
 	serviceProblems interface {
 		ServiceProblems() map[model.ServicePortName][]string
 	}
-	// slotOccupancy reports the services map's fill and size.
-	slotOccupancy interface{ SlotOccupancy() (used, capacity int) }
+	// mapOccupancy reports the fill and size of the maps the datapath
+	// accounts for, by map name.
+	mapOccupancy interface{ MapOccupancy() map[string][2]uint64 }
 	// recoveredDatapath tells how many frontends it found programmed when
 	// it started (the first-sync guard).
 	recoveredDatapath interface{ RecoveredFrontends() int }
@@ -217,7 +218,7 @@ var (
 	_ fullSyncForcer      = (*maps.Datapath)(nil)
 	_ staleFlowCounter    = (*maps.Datapath)(nil)
 	_ conntrackOccupancy  = (*maps.Datapath)(nil)
-	_ slotOccupancy       = (*maps.Datapath)(nil)
+	_ mapOccupancy        = (*maps.Datapath)(nil)
 	_ serviceProblems     = (*maps.Datapath)(nil)
 	_ recoveredDatapath   = (*maps.Datapath)(nil)
 	_ conntrackReconciler = (*maps.Datapath)(nil)

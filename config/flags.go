@@ -57,7 +57,9 @@ type Options struct {
 	ServiceCIDR      string
 	NodeIPs          string
 	ServiceProxyName string
-	DisableRevNATDbg bool
+	// MaxFrontendsPerService is --max-frontends-per-service.
+	MaxFrontendsPerService int
+	DisableRevNATDbg       bool
 
 	// flagConfig is what the configuration flags say, kube-proxy's
 	// defaults included; Complete uses it without --config.
@@ -180,6 +182,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated) of the unallocated-address DROP, beside the API server's ServiceCIDR objects")
 	fs.StringVar(&o.NodeIPs, "node-ip", "", "the node's addresses, primary first (default: bindAddress, else from the Node object)")
 	fs.StringVar(&o.ServiceProxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones)")
+	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", controller.DefaultMaxFrontendsPerService, "refuse a Service whose ports on all its addresses (ClusterIPs, NodePort addresses, externalIPs, LB IPs) make more frontends than this, so one Service cannot fill the maps every Service shares (0: no limit)")
 	if debugSwitches {
 		fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT")
 	}
@@ -359,10 +362,14 @@ func (o *Options) NodeName() (string, error) {
 func (o *Options) ControllerConfig() (controller.Config, error) {
 	c := &o.Config
 	cc := controller.Config{
-		NodePortAddresses: c.NodePortAddresses,
-		Scheduler:         c.IPVS.Scheduler,
-		MasqueradeAll:     c.IPTables.MasqueradeAll,
-		ServiceProxyName:  o.ServiceProxyName,
+		NodePortAddresses:      c.NodePortAddresses,
+		Scheduler:              c.IPVS.Scheduler,
+		MasqueradeAll:          c.IPTables.MasqueradeAll,
+		ServiceProxyName:       o.ServiceProxyName,
+		MaxFrontendsPerService: o.MaxFrontendsPerService,
+	}
+	if o.MaxFrontendsPerService < 0 {
+		return cc, fmt.Errorf("--max-frontends-per-service %d: want 0 (no limit) or more", o.MaxFrontendsPerService)
 	}
 	var err error
 	if cc.NodeName, err = o.NodeName(); err != nil {

@@ -69,7 +69,19 @@ type Config struct {
 	// nodePortAddresses to cover every local IP (as kube-proxy does) passes
 	// all of them here, primary first.
 	NodeAddresses []netip.Addr
+	// MaxFrontendsPerService caps what one Service may ask for: its
+	// frontends (address:port of every port, over ClusterIPs, NodePort
+	// addresses, externalIPs and LoadBalancer IPs). A Service over it is
+	// refused whole, so that one tenant's Service cannot fill the maps
+	// (or IPVS's tables) that every other Service needs. 0: no limit.
+	MaxFrontendsPerService int
 }
+
+// DefaultMaxFrontendsPerService is the agent's default
+// MaxFrontendsPerService: far above what an application Service asks for
+// (10 ports on 2 ClusterIPs, 20 node addresses and 10 LB IPs are 320),
+// and 1/16 of the default frontend ID space.
+const DefaultMaxFrontendsPerService = 4096
 
 // Validate reports configuration errors that kube-proxy would refuse at
 // start-up. The translation itself tolerates them (it reports a Problem and

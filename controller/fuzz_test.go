@@ -156,6 +156,9 @@ func FuzzTrackerMatchesTranslate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := &fuzzReader{b: data}
 		cfg := testConfig()
+		// Low enough that a drawn Service with a NodePort, an LB IP or an
+		// externalIP and two ports crosses it.
+		cfg.MaxFrontendsPerService = 4
 		tr, err := NewTracker(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -110,6 +110,7 @@ func (e *env) service(svc *v1.Service, sl []*Slice) ([]*model.ServicePort, []Pro
 
 	var out []*model.ServicePort
 	seen := make(map[model.ServicePortName]bool, len(svc.Spec.Ports))
+	frontends := 0
 	for _, port := range svc.Spec.Ports {
 		sp, reason := e.servicePort(info, port, eps)
 		if reason == "" && seen[sp.Name] {
@@ -120,7 +121,13 @@ func (e *env) service(svc *v1.Service, sl []*Slice) ([]*model.ServicePort, []Pro
 			continue
 		}
 		seen[sp.Name] = true
+		frontends += len(sp.Frontends)
 		out = append(out, sp)
+	}
+	if limit := e.cfg.MaxFrontendsPerService; limit > 0 && frontends > limit {
+		return nil, append(probs, serviceProblem(svc, fmt.Sprintf(
+			"%d frontends (%d ports on their addresses) exceed the limit of %d per Service (--max-frontends-per-service): Service not served",
+			frontends, len(out), limit)))
 	}
 	return out, probs
 }

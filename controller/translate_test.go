@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -80,6 +82,57 @@ func TestBadInputIsIsolated(t *testing.T) {
 		if !hasProblem(probs, s) {
 			t.Errorf("problems %q lack %q", problemStrings(probs), s)
 		}
+	}
+}
+
+// A Service asking for more frontends than MaxFrontendsPerService (ports on
+// all its addresses) is refused whole with a Problem naming the count and
+// the flag; the others, one exactly at the limit included, are served. The
+// Tracker decides the same way.
+func TestMaxFrontendsPerService(t *testing.T) {
+	manyIPs := func(n int) svcOpt {
+		var ips []string
+		for i := range n {
+			ips = append(ips, fmt.Sprintf("198.51.100.%d", i+1))
+		}
+		return externalIPs(ips...)
+	}
+	twoPorts := ports(
+		v1.ServicePort{Name: "http", Protocol: v1.ProtocolTCP, Port: 80},
+		v1.ServicePort{Name: "https", Protocol: v1.ProtocolTCP, Port: 443},
+	)
+	// 2 ports x (1 ClusterIP + 4 externalIPs) = 10; 2 x (1 + 5) = 12.
+	atLimit := newSvc("at-limit", clusterIPs("10.96.0.2"), twoPorts, manyIPs(4))
+	over := newSvc("over", clusterIPs("10.96.0.3"), twoPorts, manyIPs(5))
+	small := newSvc("small")
+	cfg := testConfig()
+	cfg.MaxFrontendsPerService = 10
+	st, probs := Translate(cfg, []*v1.Service{atLimit, over, small}, nil, nil)
+	var got []string
+	for name := range st.Services {
+		got = append(got, name.Name+":"+name.Port)
+	}
+	slices.Sort(got)
+	if want := []string{"at-limit:http", "at-limit:https", "small:http"}; !slices.Equal(got, want) {
+		t.Fatalf("served %v, want %v", got, want)
+	}
+	if !hasProblem(probs, "Service ns/over: 12 frontends (2 ports on their addresses) exceed the limit of 10 per Service (--max-frontends-per-service)") {
+		t.Fatalf("problems %q lack the refusal of ns/over", problemStrings(probs))
+	}
+	tr, err := NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, svc := range []*v1.Service{atLimit, over, small} {
+		tr.OnServiceAdd(svc)
+	}
+	if tst := tr.Build().State; len(tst.Services) != len(st.Services) {
+		t.Fatalf("the Tracker serves %d ports, Translate %d", len(tst.Services), len(st.Services))
+	}
+	// Raised, the same Service is served.
+	cfg.MaxFrontendsPerService = 0
+	if st, _ := Translate(cfg, []*v1.Service{over}, nil, nil); len(st.Services) != 2 {
+		t.Fatalf("without a limit: %d ports served, want 2", len(st.Services))
 	}
 }
 

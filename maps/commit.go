@@ -28,6 +28,8 @@ type writeSet struct {
 	// grown is how many services-map entries the sync's writes add
 	// (before its deletes free any).
 	grown int
+	// rangesGrown is the same for the source-ranges map.
+	rangesGrown int
 
 	tables     []tableWrite
 	delTables  []xbpf.SchedKey

@@ -20,6 +20,10 @@ type Config struct {
 	// frontend); 0 takes the loaded map's. A ServicePort whose entries do
 	// not fit is refused alone (it keeps what it had) and retried.
 	MaxServiceSlots uint32
+	// MaxSourceRanges is the source-ranges map's size (one entry per
+	// loadBalancerSourceRanges prefix of each LB frontend); 0 takes the
+	// loaded map's. A ServicePort whose ranges do not fit is refused alone.
+	MaxSourceRanges uint32
 	// MaglevSize is the mh lookup table size (a prime); 0 means
 	// DefaultMaglevSize.
 	MaglevSize uint32
@@ -72,8 +76,12 @@ type Datapath struct {
 	// when the current sync began: its writes come before its deletes,
 	// so the map holds that plus what the sync adds (writeSet.grown).
 	slotsUsed, slotCap, slotsAtStart int
-	// slotsShown is slotsUsed as of the last sync, for readers beside it.
-	slotsShown atomic.Int64
+	// rangeCap is the source-ranges map's size (0: not checked);
+	// rangesAtStart the entries it held when the current sync began.
+	rangeCap, rangesAtStart int
+	// shown is each accounted map's fill as of the last sync, for
+	// readers beside it (MapOccupancy).
+	shown occupancy
 	// backends holds every backend's ID, reference count and the mutable
 	// part of its map value as written.
 	backends map[backendKey]backendEntry
@@ -175,6 +183,9 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 	if cfg.MaxServiceSlots == 0 && m.Services != nil {
 		cfg.MaxServiceSlots = m.Services.MaxEntries()
 	}
+	if cfg.MaxSourceRanges == 0 && m.SourceRanges != nil {
+		cfg.MaxSourceRanges = m.SourceRanges.MaxEntries()
+	}
 	d, err := newDatapath(bpfMaps(m), cfg)
 	if err != nil {
 		return nil, err
@@ -202,6 +213,7 @@ func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 		fullSync:     true,
 		maglevSize:   cfg.MaglevSize,
 		slotCap:      int(cfg.MaxServiceSlots),
+		rangeCap:     int(cfg.MaxSourceRanges),
 		tables:       map[xbpf.SchedKey]tableState{},
 		members:      map[xbpf.SchedKey]map[uint32]bool{},
 		node:         newNodeState(),
@@ -251,8 +263,11 @@ func (d *Datapath) recover() error {
 		return fmt.Errorf("read services map: %w", err)
 	}
 	d.recoveredFrontends = len(d.recovered)
+	if err := d.recoverRanges(); err != nil {
+		return fmt.Errorf("read source ranges: %w", err)
+	}
 	d.countSlots()
-	d.slotsShown.Store(int64(d.slotsUsed))
+	d.showOccupancy()
 	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
 		bk := newBackendKey(decodeAddr(b.Addr, b.Family), ntohs(b.Port), model.Protocol(b.Proto))
 		if d.backendIDs.claim(*id) {
@@ -348,9 +363,39 @@ func (d *Datapath) countSlots() {
 	}
 }
 
-// SlotOccupancy is the services map's entries as the last sync left them,
-// and its size (0: unknown). Safe beside a Sync (the metrics read it).
-func (d *Datapath) SlotOccupancy() (used, capacity int) { return int(d.slotsShown.Load()), d.slotCap }
+// occupancy holds the fill of the maps the agent accounts for before
+// writing: the services map (heads and slots), the source ranges, and the
+// ID spaces that size the per-backend and per-frontend maps.
+type occupancy struct {
+	slots, ranges, backends, frontends atomic.Int64
+}
+
+// showOccupancy publishes what the sync's bookkeeping says the maps hold.
+func (d *Datapath) showOccupancy() {
+	d.shown.slots.Store(int64(d.slotsUsed))
+	n := 0
+	for _, r := range d.node.ranges {
+		n += len(r)
+	}
+	d.shown.ranges.Store(int64(n))
+	d.shown.backends.Store(int64(len(d.backends)))
+	d.shown.frontends.Store(int64(d.svcIDs.len()))
+}
+
+// MapOccupancy is each accounted map's entries and size as the last sync
+// left them, by map name (xvs_bpf_map_entries and xvs_bpf_map_capacity):
+// "services" and "source_ranges" (a ServicePort that would overflow one
+// is refused alone), "backends" (one ID per distinct backend) and
+// "svc_stats" (one ID per frontend, which also sizes the scheduler,
+// cursor and ClusterIP maps). It may be called beside a Sync.
+func (d *Datapath) MapOccupancy() map[string][2]uint64 {
+	return map[string][2]uint64{
+		"services":      {uint64(d.shown.slots.Load()), uint64(d.slotCap)},
+		"source_ranges": {uint64(d.shown.ranges.Load()), uint64(d.rangeCap)},
+		"backends":      {uint64(d.shown.backends.Load()), uint64(d.backendIDs.max - 1)},
+		"svc_stats":     {uint64(d.shown.frontends.Load()), uint64(d.svcIDs.max - 1)},
+	}
+}
 
 // Sync makes the maps match st.
 func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
@@ -377,6 +422,9 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 		d.countSlots()
 	}
 	d.slotsAtStart = d.slotsUsed
+	if d.rangesAtStart, err = d.countRanges(); err != nil {
+		return err
+	}
 	released := map[frontendKey]bool{}
 	changed := d.changed(st, released)
 	d.retry = map[model.ServicePortName]bool{}
@@ -418,7 +466,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 		return err
 	}
 	d.fullSync = false
-	d.slotsShown.Store(int64(d.slotsUsed))
+	d.showOccupancy()
 	d.appliedGen = st.Generation
 	d.recovered = map[frontendKey]uint32{}
 	return nil

@@ -216,6 +216,46 @@ func (d *Datapath) planRanges(svcID uint32, want map[xbpf.LPMKey]bool, ws *write
 	}
 }
 
+// countRanges is how many entries the source-ranges map holds: read from
+// the map when what it holds is not known exactly (a full sync: the first
+// one keeps a previous agent's entries until its sweep), else what the
+// frontends hold.
+func (d *Datapath) countRanges() (int, error) {
+	n := 0
+	if d.fullSync {
+		err := d.w.sourceRanges.each(func(*xbpf.LPMKey, *uint32) { n++ })
+		if err != nil {
+			return 0, fmt.Errorf("read source ranges: %w", err)
+		}
+		return n, nil
+	}
+	for _, r := range d.node.ranges {
+		n += len(r)
+	}
+	return n, nil
+}
+
+// recoverRanges takes the pinned source ranges of the recovered frontends
+// as theirs, so that replanning one writes only what it lacks; entries of
+// other IDs are left for the first sync's sweep.
+func (d *Datapath) recoverRanges() error {
+	ids := make(map[uint32]bool, len(d.recovered))
+	for fk := range d.recovered {
+		if id, ok := d.svcIDs.lookup(fk); ok {
+			ids[id] = true
+		}
+	}
+	return d.w.sourceRanges.each(func(lk *xbpf.LPMKey, _ *uint32) {
+		if !ids[lk.Id] {
+			return
+		}
+		if d.node.ranges[lk.Id] == nil {
+			d.node.ranges[lk.Id] = map[xbpf.LPMKey]bool{}
+		}
+		d.node.ranges[lk.Id][*lk] = true
+	})
+}
+
 // syncClusterIPs writes the set of ClusterIPs (wrong-port REJECT).
 func (d *Datapath) syncClusterIPs() error {
 	one := uint32(1)

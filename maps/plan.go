@@ -42,7 +42,7 @@ func backendOf(fk frontendKey, ep model.Endpoint) (backendKey, bool) {
 func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
 	prev := d.previous[name]
 	err := d.planFitting(name, sp, ws, released)
-	if errors.Is(err, errServicesFull) && prev != nil && prev.sp != nil && prev.sp != sp {
+	if errors.Is(err, errNoRoom) && prev != nil && prev.sp != nil && prev.sp != sp {
 		// Refused alone, the port keeps what it had (which fits: it is
 		// there) and is tried again.
 		if perr := d.planFitting(name, prev.sp, ws, released); perr != nil {
@@ -52,22 +52,29 @@ func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *w
 	return err
 }
 
-// errServicesFull: the services map cannot take a ServicePort's entries.
-var errServicesFull = errors.New("the services map is full")
+// errNoRoom: a map cannot take a ServicePort's entries.
+var errNoRoom = errors.New("no room")
 
-// planFitting is plan for sp, if the services map can take its entries.
+// planFitting is plan for sp, if the services and source-ranges maps can
+// take its entries.
 func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
 	a := &appliedService{sp: sp}
 	d.applied[name] = a
 	if sp == nil {
 		return nil
 	}
-	grow := d.slotGrowth(name, sp)
+	grow, rangeGrow := d.growth(name, sp)
 	if d.slotCap > 0 && d.slotsAtStart+ws.grown+grow > d.slotCap {
 		a.sp = nil // nothing of it is programmed
-		return fmt.Errorf("%w: this port needs %d more entries, %d of %d are free (raise --bpf-max-service-slots)",
-			errServicesFull, grow, max(0, d.slotCap-d.slotsAtStart-ws.grown), d.slotCap)
+		return fmt.Errorf("%w: the services map is full: this port needs %d more entries, %d of %d are free (raise --bpf-max-service-slots)",
+			errNoRoom, grow, max(0, d.slotCap-d.slotsAtStart-ws.grown), d.slotCap)
 	}
+	if d.rangeCap > 0 && d.rangesAtStart+ws.rangesGrown+rangeGrow > d.rangeCap {
+		a.sp = nil
+		return fmt.Errorf("%w: the source-ranges map is full: this port's loadBalancerSourceRanges need %d more entries, %d of %d are free (raise --bpf-max-services)",
+			errNoRoom, rangeGrow, max(0, d.rangeCap-d.rangesAtStart-ws.rangesGrown), d.rangeCap)
+	}
+	ws.rangesGrown += rangeGrow
 	ws.grown += grow
 	sched, err := SchedulerByName(sp.Scheduler)
 	if err != nil {
@@ -174,11 +181,11 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 	return nil
 }
 
-// slotGrowth is how many services-map entries planning sp would add to
-// what its frontends hold now: each frontend it would claim needs a head
-// and a slot per backend of its family, per scope.
-func (d *Datapath) slotGrowth(name model.ServicePortName, sp *model.ServicePort) int {
-	grow := 0
+// growth is how many services-map and source-ranges entries planning sp
+// would add to what its frontends hold now: each frontend it would claim
+// needs a head and a slot per backend of its family, per scope, and an LB
+// frontend one entry per source range (sourceRangeKeys).
+func (d *Datapath) growth(name model.ServicePortName, sp *model.ServicePort) (slots, ranges int) {
 	seen := make(map[frontendKey]bool, len(sp.Frontends))
 	for _, f := range sp.Frontends {
 		fk := keyOf(f)
@@ -200,9 +207,18 @@ func (d *Datapath) slotGrowth(name model.ServicePortName, sp *model.ServicePort)
 		if c, ok := d.counts[fk]; ok {
 			have = c.entries()
 		}
-		grow += max(0, need-have)
+		slots += max(0, need-have)
+		if f.Kind == model.LoadBalancer && len(sp.SourceRangesFor(f.Addr)) > 0 {
+			id, _ := d.svcIDs.lookup(fk) // a fresh frontend holds none
+			held := d.node.ranges[id]
+			for k := range sourceRangeKeys(id, sp, f, d.nodeAddrs) {
+				if !held[k] {
+					ranges++
+				}
+			}
+		}
 	}
-	return grow
+	return slots, ranges
 }
 
 // backendIDsFor returns the IDs of a set's backends of fk's family, in

@@ -324,6 +324,73 @@ func TestReconcileOnlyChanged(t *testing.T) {
 	}
 }
 
+// TestReconcileSourceRangesFull: the source-ranges map is accounted like
+// the services map. A port whose loadBalancerSourceRanges do not fit is
+// refused alone and keeps what it had, while the other Services of the
+// same sync are programmed; a deletion makes room for its retry; and a
+// restarted agent counts what the pinned map holds as the frontends' own,
+// so its first sync refuses nothing. Before, the map's E2BIG failed every
+// sync, retried as a full sync every second, and nothing else changed.
+func TestReconcileSourceRangesFull(t *testing.T) {
+	const capacity = 6
+	d, s := memDatapath(t, Config{MaxServices: 16, MaxBackends: 64, MaxSourceRanges: capacity})
+	s.ranges.max = capacity
+	lb := func(name, addr string, ranges int) *model.ServicePort {
+		f := model.Frontend{Kind: model.LoadBalancer, Addr: netip.MustParseAddr(addr), Port: 80, Proto: model.TCP}
+		sp := svcPort(name, []model.Frontend{f}, "10.244.1.1:80")
+		for i := range ranges {
+			sp.SourceRanges = append(sp.SourceRanges, netip.MustParsePrefix(fmt.Sprintf("198.51.100.%d/32", i+1)))
+		}
+		return sp
+	}
+	a, b := lb("a", "203.0.113.1", 3), lb("b", "203.0.113.2", 2)
+	if err := memSync(t, d, a, b); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.ranges.m) != 5 {
+		t.Fatalf("start: %d range entries, want 5", len(s.ranges.m))
+	}
+	// b wants 3 more (1 is free); c, a new ClusterIP, comes in the same sync.
+	b2, c := lb("b", "203.0.113.2", 5), svcPort("c", []model.Frontend{clusterIP("172.30.0.3", 80)}, "10.244.1.2:80")
+	if err := memSync(t, d, a, b2, c); err != nil {
+		t.Fatalf("a sync with one port whose ranges do not fit: %v", err)
+	}
+	if _, ok := heads(s)["172.30.0.3:80/TCP/0"]; !ok {
+		t.Fatalf("c not programmed beside the refused port: %v", heads(s))
+	}
+	if len(s.ranges.m) != 5 {
+		t.Fatalf("after the refusal: %d range entries, want b's previous 2 and a's 3", len(s.ranges.m))
+	}
+	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "default/b") || !strings.Contains(ps[0], "source-ranges map is full") {
+		t.Fatalf("problems %v, want b refused for a full source-ranges map", ps)
+	}
+	// a goes: its 3 entries are deleted in this sync, b fits in the next.
+	if err := memSync(t, d, b2, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := memSync(t, d, b2, c); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.ranges.m) != 5 || len(d.Problems()) != 0 {
+		t.Fatalf("after a's deletion: %d range entries, problems %v; want b's 5", len(s.ranges.m), d.Problems())
+	}
+	if o := d.MapOccupancy()["source_ranges"]; o != [2]uint64{5, capacity} {
+		t.Fatalf("source_ranges occupancy %v, want 5 of %d", o, capacity)
+	}
+	// A restarted agent over the same maps: 5 of 6 held, and b's 5 are
+	// its own, not 5 more.
+	d2, err := newDatapath(s.mapSet, Config{MaxServices: 16, MaxBackends: 64, MaxSourceRanges: capacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := memSync(t, d2, b2, c); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.ranges.m) != 5 || len(d2.Problems()) != 0 {
+		t.Fatalf("first sync after a restart: %d range entries, problems %v", len(s.ranges.m), d2.Problems())
+	}
+}
+
 // TestReconcileServicesFull: a ServicePort whose entries the services map
 // cannot take is refused alone: it keeps what it had, the other changes
 // of the same sync (a growth that fits, a deletion) are applied, and once
@@ -364,8 +431,8 @@ func TestReconcileServicesFull(t *testing.T) {
 	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "default/b") || !strings.Contains(ps[0], "services map is full") {
 		t.Fatalf("problems %v, want b refused for a full services map", ps)
 	}
-	if used, capacity := d.SlotOccupancy(); used != len(s.services.m) || capacity != slots {
-		t.Fatalf("occupancy %d of %d, the map holds %d of %d", used, capacity, len(s.services.m), slots)
+	if o := d.MapOccupancy()["services"]; o[0] != uint64(len(s.services.m)) || o[1] != slots {
+		t.Fatalf("occupancy %v, the map holds %d of %d", o, len(s.services.m), slots)
 	}
 
 	// a is deleted: its entries go in this sync, b's retry fits in the next.

@@ -80,8 +80,8 @@ func (m *Metrics) RegisterConntrack(read func() map[string]ConntrackTable) error
 
 // RegisterMapOccupancy exports xvs_bpf_map_entries{map} and
 // xvs_bpf_map_capacity{map} from read, called on every scrape: the BPF
-// maps whose fill the agent accounts for ("services": every frontend's
-// heads and slots; a ServicePort that would overflow it is refused alone).
+// maps whose fill the agent accounts for (maps.Datapath.MapOccupancy: a
+// ServicePort that would overflow one is refused alone).
 func (m *Metrics) RegisterMapOccupancy(read func() map[string][2]uint64) error {
 	entries := prometheus.NewDesc("xvs_bpf_map_entries",
 		"Entries the agent has written in each BPF map it accounts for", []string{"map"}, nil)
