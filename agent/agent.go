@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -156,13 +157,36 @@ func Cleanup(log *slog.Logger, o *Options) error {
 
 // InitOnly is --init-only: the node settings that need full root, then
 // exit, as kube-proxy --init-only. For xvs that is the host's conntrack
-// sysctls; the datapath itself is loaded by the agent, which needs
-// CAP_BPF and CAP_NET_ADMIN (CAP_SYS_ADMIN on older kernels) anyway.
+// sysctls, a bpffs under the pin path (mounted on the host: the init
+// container's mount propagates, the agent's need not), and for ipvs mode
+// (or its fallback) the ip_vs module and IPVS sysctls. The agent that runs
+// next needs capabilities only (deploy/daemonset.yaml): it finds these
+// done and writes nothing to the read-only /proc/sys of its container.
 func InitOnly(log *slog.Logger, o *Options) error {
 	if err := applyConntrackSysctls(log, "/proc/sys", o.Config.Conntrack); err != nil {
 		return fmt.Errorf("conntrack sysctls: %w", err)
 	}
-	log.Info("Node initialised (conntrack sysctls); exiting (--init-only)")
+	done := []string{"conntrack sysctls"}
+	if o.mode.proxyMode != modeIPVS {
+		if err := loader.EnsureBPFFS(filepath.Dir(o.PinPath)); err != nil {
+			return fmt.Errorf("bpffs for %s: %w", o.PinPath, err)
+		}
+		done = append(done, "bpffs at "+filepath.Dir(o.PinPath))
+	}
+	if o.mode.proxyMode == modeIPVS || o.mode.fallback == modeIPVS {
+		err := ipvs.PrepareNode(o.mode.ipvsStrictARP, log)
+		switch {
+		case err != nil && o.mode.proxyMode == modeIPVS:
+			return fmt.Errorf("ipvs mode: %w", err)
+		case err != nil:
+			// The fallback is for kernels that cannot run BPF; one without
+			// IPVS either is reported when the agent needs it.
+			log.Warn("IPVS not prepared for the fallback", "err", err)
+		default:
+			done = append(done, "ip_vs and IPVS sysctls")
+		}
+	}
+	log.Info("Node initialised; exiting (--init-only)", "done", strings.Join(done, ", "))
 	return nil
 }
 

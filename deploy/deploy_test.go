@@ -196,7 +196,18 @@ func TestDaemonSetShape(t *testing.T) {
 	}
 	c := p.Containers[0]
 	check(strings.HasPrefix(c.Image, image+":"), "image "+image+":<tag>")
-	check(c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged, "privileged")
+	// Least privilege: capabilities, not privileged; what needs full root
+	// is done by the init container (below).
+	sc := c.SecurityContext
+	check(sc != nil && (sc.Privileged == nil || !*sc.Privileged), "the agent not privileged")
+	if sc != nil && sc.Capabilities != nil {
+		check(slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}), "capabilities: drop ALL")
+		check(slices.Equal(slices.Sorted(slices.Values(sc.Capabilities.Add)),
+			[]corev1.Capability{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE"}),
+			"capabilities: add BPF, NET_ADMIN, PERFMON, SYS_ADMIN, SYS_RESOURCE, and nothing else")
+	} else {
+		check(false, "capabilities")
+	}
 	cmd := append(slices.Clone(c.Command), c.Args...)
 	check(len(cmd) >= 2 && filepath.Base(cmd[0]) == "xvs" && cmd[1] == "agent", "runs `xvs agent`")
 	check(slices.Contains(cmd, "--config=/var/lib/xvs/config.conf"), "--config=/var/lib/xvs/config.conf")
@@ -226,11 +237,32 @@ func TestDaemonSetShape(t *testing.T) {
 		return vols[m.Name].HostPath.Path
 	}
 	check(hostPath("/sys/fs/bpf") == "/sys/fs/bpf", "host /sys/fs/bpf mounted at /sys/fs/bpf")
-	check(mounts["/sys/fs/bpf"].MountPropagation != nil && *mounts["/sys/fs/bpf"].MountPropagation == corev1.MountPropagationBidirectional,
-		"bpffs with Bidirectional propagation (pins survive the container)")
-	check(hostPath("/sys/fs/cgroup") == "/sys/fs/cgroup", "host /sys/fs/cgroup mounted")
-	check(hostPath("/lib/modules") == "/lib/modules" && mounts["/lib/modules"].ReadOnly, "host /lib/modules mounted read-only")
+	check(mounts["/sys/fs/bpf"].MountPropagation != nil && *mounts["/sys/fs/bpf"].MountPropagation == corev1.MountPropagationHostToContainer,
+		"the agent's bpffs with HostToContainer propagation (the host's, mounted by the init container)")
+	check(hostPath("/sys/fs/cgroup") == "/sys/fs/cgroup" && mounts["/sys/fs/cgroup"].ReadOnly, "host /sys/fs/cgroup mounted read-only")
 	check(hostPath("/run/xvs") == "/run/xvs", "host /run/xvs mounted (IPVS mode's record of its virtual servers)")
 	cm, ok := mounts["/var/lib/xvs"]
 	check(ok && vols[cm.Name].ConfigMap != nil && vols[cm.Name].ConfigMap.Name == "xvs", "ConfigMap xvs at /var/lib/xvs")
+
+	// The init container: kube-proxy's --init-only, privileged, with the
+	// same configuration; its bpffs mount is the host's.
+	if len(p.InitContainers) != 1 {
+		t.Fatalf("%d init containers, want the --init-only one", len(p.InitContainers))
+	}
+	ic := p.InitContainers[0]
+	icmd := append(slices.Clone(ic.Command), ic.Args...)
+	check(ic.Image == c.Image, "the init container runs the agent's image")
+	check(len(icmd) >= 2 && filepath.Base(icmd[0]) == "xvs" && icmd[1] == "agent" && slices.Contains(icmd, "--init-only") &&
+		slices.Contains(icmd, "--config=/var/lib/xvs/config.conf"), "init: `xvs agent --config=... --init-only`")
+	check(ic.SecurityContext != nil && ic.SecurityContext.Privileged != nil && *ic.SecurityContext.Privileged, "init privileged")
+	imounts := map[string]corev1.VolumeMount{}
+	for _, m := range ic.VolumeMounts {
+		imounts[m.MountPath] = m
+	}
+	check(imounts["/sys/fs/bpf"].Name == mounts["/sys/fs/bpf"].Name && imounts["/sys/fs/bpf"].MountPropagation != nil &&
+		*imounts["/sys/fs/bpf"].MountPropagation == corev1.MountPropagationBidirectional,
+		"init: bpffs with Bidirectional propagation (the bpffs it mounts is the host's, and the pins survive the containers)")
+	check(imounts["/var/lib/xvs"].Name == cm.Name, "init: the ConfigMap at /var/lib/xvs")
+	lm, ok := imounts["/lib/modules"]
+	check(ok && lm.ReadOnly && vols[lm.Name].HostPath != nil && vols[lm.Name].HostPath.Path == "/lib/modules", "init: host /lib/modules read-only (ipvs mode's modprobe)")
 }

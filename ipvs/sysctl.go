@@ -50,6 +50,18 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
+// PrepareNode is what ipvs mode needs of the node that a container with
+// capabilities alone cannot do (its /proc/sys is read-only, it may not
+// load modules): load ip_vs and write kube-proxy's IPVS sysctls. The agent
+// does it again at start, and finds it done (xvs agent --init-only, in a
+// privileged init container, runs it first).
+func PrepareNode(strictARP bool, log *slog.Logger) error {
+	if err := Available(); err != nil {
+		return err
+	}
+	return setSysctls(Config{StrictARP: strictARP}, log)
+}
+
 func setSysctls(cfg Config, log *slog.Logger) error {
 	for _, s := range kubeProxySysctls(kernelRelease(), cfg.StrictARP) {
 		p := filepath.Join("/proc/sys", s.path)
