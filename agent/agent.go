@@ -192,13 +192,23 @@ func InitOnly(log *slog.Logger, o *Options) error {
 
 // adjustOOMScore writes oomScoreAdj to /proc/self/oom_score_adj, as
 // kube-proxy does so that the kernel kills workloads before the proxy. A
-// failure (no privilege to lower it) is logged, not fatal.
+// failure (lowering it takes CAP_SYS_RESOURCE, which the DaemonSet's agent
+// does not hold) is logged, not fatal; under a kubelet a
+// system-node-critical Pod starts at -997 already, and that is said as
+// such rather than warned about.
 func adjustOOMScore(log *slog.Logger, v int32) {
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0); err != nil {
-		log.Warn("Cannot set the OOM score adjustment", "oomScoreAdj", v, "err", err)
+	err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0)
+	if err == nil {
+		log.Debug("OOM score adjusted", "oomScoreAdj", v)
 		return
 	}
-	log.Debug("OOM score adjusted", "oomScoreAdj", v)
+	b, _ := os.ReadFile("/proc/self/oom_score_adj")
+	cur, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+	if perr == nil && cur <= -900 {
+		log.Info("OOM score adjustment left as the kubelet set it", "oomScoreAdj", cur, "wanted", v, "err", err)
+		return
+	}
+	log.Warn("Cannot set the OOM score adjustment", "oomScoreAdj", v, "err", err)
 }
 
 // setMemoryLimit gives the Go garbage collector a soft limit of 90% of the

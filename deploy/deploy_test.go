@@ -203,8 +203,8 @@ func TestDaemonSetShape(t *testing.T) {
 	if sc != nil && sc.Capabilities != nil {
 		check(slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}), "capabilities: drop ALL")
 		check(slices.Equal(slices.Sorted(slices.Values(sc.Capabilities.Add)),
-			[]corev1.Capability{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE"}),
-			"capabilities: add BPF, NET_ADMIN, PERFMON, SYS_ADMIN, SYS_RESOURCE, and nothing else")
+			[]corev1.Capability{"BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"}),
+			"capabilities: add BPF, NET_ADMIN, PERFMON, SYS_ADMIN, and nothing else")
 	} else {
 		check(false, "capabilities")
 	}

@@ -100,9 +100,9 @@ bg() { # bg NAME CMD...: start in the background, log to $LOG/NAME.log
   pids+=($!)
   say "started $n (pid $!)"
 }
-waitfor() { # waitfor WHAT SECONDS CMD...
-  local what=$1 n=$2; shift 2
-  for ((i = 0; i < n; i++)); do "$@" >/dev/null 2>&1 && { say "$what ready"; return 0; }; sleep 1; done
+waitfor() { # waitfor WHAT SECONDS CMD...: SECONDS of wall time, however long CMD takes
+  local what=$1 n=$2 until=$((SECONDS + $2)); shift 2
+  while ((SECONDS < until)); do "$@" >/dev/null 2>&1 && { say "$what ready"; return 0; }; sleep 1; done
   say "$what not ready after ${n}s"; return 1
 }
 
