@@ -17,19 +17,13 @@ package ipvs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/xvs-lb/xvs/model"
 )
@@ -116,38 +110,6 @@ type Datapath struct {
 
 	stop chan struct{}
 	done chan struct{}
-}
-
-func defaultStateFile() string { return NamespaceFile("ipvs-state") } // among NamespaceFilePrefixes
-
-// NamespaceFile is StateDir/<prefix>-<inode of the caller's network
-// namespace>.json: xvs's records are per namespace, as what they describe
-// is (IPVS, and an agent's Services).
-func NamespaceFile(prefix string) string {
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return filepath.Join(StateDir, prefix+".json")
-	}
-	return NamespaceFileOf(prefix, st.Ino)
-}
-
-// NamespaceFileOf is NamespaceFile for the namespace of inode ino.
-func NamespaceFileOf(prefix string, ino uint64) string {
-	return filepath.Join(StateDir, fmt.Sprintf("%s-%d.json", prefix, ino))
-}
-
-// NamespaceFilePrefixes are the records NamespaceFile names: the IPVS
-// mode's state, and the agent's Services file (agent/publish.go). What
-// removes a namespace removes them too (conformance's stale cleanup).
-var NamespaceFilePrefixes = []string{"ipvs-state", "services"}
-
-// HasState reports whether xvs's IPVS mode left state in the caller's
-// network namespace: its state file, the record of what it created (a
-// kube-ipvs0 alone is kube-proxy's). It does not load ip_vs.
-func HasState(cfg Config) bool {
-	cfg.defaults()
-	_, err := os.Stat(cfg.StateFile)
-	return err == nil
 }
 
 // New opens kernel IPVS in the caller's network namespace, probes the
@@ -276,91 +238,6 @@ func (d *Datapath) probeScheduler(name string) error {
 	}
 	d.schedOK[name] = err
 	return err
-}
-
-// stateRecord is the StateFile's content: what xvs created, which is all
-// it ever removes.
-type stateRecord struct {
-	Servers []string `json:"virtualServers"`
-	// VIPs are the addresses xvs bound to the dummy interface. A record
-	// written before they were recorded has none: the addresses of its
-	// virtual servers stand for them.
-	VIPs []string `json:"vips,omitempty"`
-	// CreatedDevice: xvs created the dummy interface (it was not there,
-	// say from kube-proxy's IPVS mode, before).
-	CreatedDevice bool `json:"createdDevice,omitempty"`
-}
-
-// loadOwned reads the state file. Only what it records is xvs's.
-func (d *Datapath) loadOwned() error {
-	b, err := os.ReadFile(d.cfg.StateFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read %s: %w", d.cfg.StateFile, err)
-	}
-	var rec stateRecord
-	if err := json.Unmarshal(b, &rec); err != nil {
-		d.cfg.Log.Warn("ignoring unreadable IPVS state file", "path", d.cfg.StateFile, "err", err)
-	}
-	for _, s := range rec.Servers {
-		if k, err := parseVSKey(s); err == nil {
-			d.owned[k] = true
-			if rec.VIPs == nil {
-				d.ownedVIPs[k.Addr] = true
-			}
-		}
-	}
-	for _, s := range rec.VIPs {
-		if a, err := netip.ParseAddr(s); err == nil {
-			d.ownedVIPs[a.Unmap()] = true
-		}
-	}
-	d.createdDevice = d.createdDevice || rec.CreatedDevice
-	return nil
-}
-
-func (d *Datapath) saveOwned() error {
-	rec := stateRecord{Servers: []string{}}
-	keys := make([]vsKey, 0, len(d.owned))
-	for k := range d.owned {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, vsKey.compare)
-	for _, k := range keys {
-		rec.Servers = append(rec.Servers, k.String())
-	}
-	rec.VIPs = []string{}
-	for _, a := range slices.SortedFunc(maps.Keys(d.ownedVIPs), netip.Addr.Compare) {
-		rec.VIPs = append(rec.VIPs, a.String())
-	}
-	rec.CreatedDevice = d.createdDevice
-	b, _ := json.MarshalIndent(rec, "", "  ")
-	if err := os.MkdirAll(filepath.Dir(d.cfg.StateFile), 0o755); err != nil {
-		return err
-	}
-	tmp := d.cfg.StateFile + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("write IPVS state file: %w", err)
-	}
-	return os.Rename(tmp, d.cfg.StateFile)
-}
-
-func parseVSKey(s string) (vsKey, error) {
-	var proto, ap string
-	if _, err := fmt.Sscan(s, &proto, &ap); err != nil {
-		return vsKey{}, fmt.Errorf("bad virtual server %q", s)
-	}
-	p, err := model.ParseProtocol(proto)
-	if err != nil {
-		return vsKey{}, err
-	}
-	a, err := netip.ParseAddrPort(ap)
-	if err != nil {
-		return vsKey{}, err
-	}
-	return vsKey{Addr: a.Addr(), Proto: p, Port: a.Port()}, nil
 }
 
 func (d *Datapath) excluded(a netip.Addr) bool {
@@ -520,146 +397,4 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		d.udp[k] = true
 	}
 	return errors.Join(errs...)
-}
-
-// syncReals reconciles the real servers of one virtual server. A removed
-// TCP real server with connections goes to weight 0 and drains; UDP and
-// SCTP ones, and idle TCP ones, are deleted at once (kube-proxy's
-// graceful_termination.go; expire_nodest_conn ends their flows).
-func (d *Datapath) syncReals(vs *virtualServer, existed bool) error {
-	var have []kReal
-	if existed {
-		var err error
-		if have, err = d.k.Reals(vs.Key); err != nil {
-			return err
-		}
-	}
-	var errs []error
-	haveBy := map[rsKey]kReal{}
-	for _, r := range have {
-		haveBy[r.Key] = r
-	}
-	keys := make([]rsKey, 0, len(vs.Reals))
-	for r := range vs.Reals {
-		keys = append(keys, r)
-	}
-	slices.SortFunc(keys, func(a, b rsKey) int {
-		return netip.AddrPortFrom(a.Addr, a.Port).Compare(netip.AddrPortFrom(b.Addr, b.Port))
-	})
-	for _, r := range keys {
-		w := vs.Reals[r]
-		cur, ok := haveBy[r]
-		switch {
-		case !ok:
-			if err := d.k.AddReal(vs.Key, kReal{Key: r, Weight: w}); err != nil {
-				errs = append(errs, err)
-			}
-		case cur.Weight != w:
-			// Also brings back a draining real server that is wanted again.
-			if err := d.k.UpdateReal(vs.Key, kReal{Key: r, Weight: w}); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		d.undrain(vs.Key, r)
-	}
-	for _, cur := range have {
-		if _, ok := vs.Reals[cur.Key]; ok {
-			continue
-		}
-		if err := d.retire(vs.Key, cur); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// retire removes a real server, gracefully for TCP with connections.
-func (d *Datapath) retire(k vsKey, r kReal) error {
-	if k.Proto != model.TCP || r.Active+r.Inactive == 0 {
-		d.undrain(k, r.Key)
-		return d.k.DelReal(k, r.Key)
-	}
-	if r.Weight != 0 {
-		if err := d.k.UpdateReal(k, kReal{Key: r.Key, Weight: 0}); err != nil {
-			return err
-		}
-	}
-	if d.draining[k] == nil {
-		d.draining[k] = map[rsKey]time.Time{}
-	}
-	if _, ok := d.draining[k][r.Key]; !ok {
-		d.draining[k][r.Key] = time.Now()
-		d.cfg.Log.Info("real server draining", "service", k.String(), "real", r.Key.String(),
-			"active", r.Active, "inactive", r.Inactive)
-	}
-	return nil
-}
-
-func (d *Datapath) undrain(k vsKey, r rsKey) {
-	if m := d.draining[k]; m != nil {
-		delete(m, r)
-		if len(m) == 0 {
-			delete(d.draining, k)
-		}
-	}
-}
-
-func (d *Datapath) drainLoop() {
-	defer close(d.done)
-	t := time.NewTicker(d.cfg.DrainInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-			if err := d.drain(); err != nil {
-				d.cfg.Log.Warn("graceful termination", "err", err)
-			}
-		}
-	}
-}
-
-// drain deletes the draining real servers whose connections have ended.
-func (d *Datapath) drain() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var errs []error
-	for k, reals := range d.draining {
-		have, err := d.k.Reals(k)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for r := range reals {
-			i := slices.IndexFunc(have, func(x kReal) bool { return x.Key == r })
-			switch {
-			case i < 0 || have[i].Weight > 0:
-				// Gone, or wanted again.
-				d.undrain(k, r)
-			case have[i].Active+have[i].Inactive == 0:
-				if err := d.k.DelReal(k, r); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				d.cfg.Log.Info("real server drained", "service", k.String(), "real", r.String())
-				d.undrain(k, r)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Draining reports the real servers waiting at weight 0, as "VS -> RS".
-func (d *Datapath) Draining() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for k, reals := range d.draining {
-		for r := range reals {
-			out = append(out, k.String()+" -> "+r.String())
-		}
-	}
-	slices.Sort(out)
-	return out
 }
