@@ -204,6 +204,62 @@ func (o *Objects) attachLegacy(nl netlink.Link) error {
 	return nil
 }
 
+// UnpinDetached removes the pins of TCX links whose device is gone: a pin
+// holds its link, and the link the program, so the pins of pod veths
+// deleted while no watcher saw it (the agent was down, its netlink socket
+// overflowed) would pile up, each keeping an old program version alive.
+// A link still attached stays, whatever its device is called now (a
+// renamed device keeps its program). It returns how many it removed.
+func (o *Objects) UnpinDetached() (int, error) {
+	n := 0
+	var errs []error
+	for _, h := range hooks {
+		dir := filepath.Join(o.cfg.PinPath, h.name)
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range ents {
+			pin := filepath.Join(dir, e.Name())
+			if attached(pin) {
+				continue
+			}
+			if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+				continue
+			}
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// attached reports whether the TCX link pinned at pin is on a device that
+// exists; a pin that is no TCX link, or cannot be read, counts as attached
+// (it is left alone).
+func attached(pin string) bool {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return true
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || info.TCX() == nil {
+		return true
+	}
+	idx := info.TCX().Ifindex
+	if idx == 0 {
+		return false // detached when its device went
+	}
+	_, err = netlink.LinkByIndex(int(idx))
+	var notFound netlink.LinkNotFoundError
+	return !errors.As(err, &notFound)
+}
+
 // Detach removes xvs's program from dev, whichever way it was attached.
 func Detach(pinPath, dev string) error {
 	var errs []error

@@ -3,6 +3,7 @@ package loader
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"time"
@@ -113,7 +114,11 @@ func (o *Objects) WatchDevices(ctx context.Context, s DeviceSelector, mode Attac
 	if err != nil {
 		return nil, nil, err
 	}
+	_, unpinErr := o.UnpinDetached()
 	atts, errs := o.AttachSelected(s, mode)
+	if unpinErr != nil {
+		errs = append(errs, fmt.Errorf("remove the pins of detached links: %w", unpinErr))
+	}
 	w := &deviceWatch{o: o, s: s, mode: mode, report: report, seen: map[string]bool{}}
 	for _, a := range atts {
 		w.seen[a.Device] = true
@@ -204,8 +209,14 @@ func (w *deviceWatch) attach(name string) {
 	w.report(a, err)
 }
 
-// rescan attaches every selected interface not attached yet.
+// rescan attaches every selected interface not attached yet, and removes
+// the pins of links whose device went unseen.
 func (w *deviceWatch) rescan() {
+	if n, err := w.o.UnpinDetached(); err != nil {
+		w.report(Attachment{}, fmt.Errorf("remove the pins of detached links: %w", err))
+	} else if n > 0 {
+		slog.Info("removed the pins of links whose device is gone", "pins", n)
+	}
 	names, err := w.s.Selected()
 	if err != nil {
 		w.report(Attachment{}, err)
