@@ -179,6 +179,11 @@ func Load(cfg Config) (*Objects, error) {
 		}
 	}
 
+	// Before anything is converted or unpinned: a refusal leaves the pins
+	// as they were.
+	if err := checkLayouts(cfg.PinPath, spec); err != nil {
+		return nil, err
+	}
 	pending, err := prepareMigrations(cfg.PinPath, spec)
 	if err != nil {
 		return nil, fmt.Errorf("migrate pinned maps: %w", err)
@@ -209,6 +214,10 @@ func Load(cfg Config) (*Objects, error) {
 		}
 	}
 	if err := objs.pinProgram(); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if err := recordLayouts(cfg.PinPath, spec); err != nil {
 		objs.Close()
 		return nil, err
 	}
