@@ -265,20 +265,8 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 	}
 	want := buildDesired(st, d.cfg.Scheduler, local)
 	d.problems = slices.Clone(want.Problems)
-	for _, k := range want.sortedKeys() {
-		vs := want.Servers[k]
-		if err := d.probeScheduler(vs.Scheduler); err != nil {
-			def := schedulerFor(&model.ServicePort{}, d.cfg.Scheduler)
-			d.problems = append(d.problems, fmt.Sprintf("%s: %v; using %s", vs.Owner, err, def))
-			vs.Scheduler = def
-			vs.Flags &^= flagMHPort
-			if def == "mh" {
-				vs.Flags |= flagMHPort
-			}
-		}
-	}
+	d.checkSchedulers(want)
 
-	var errs []error
 	// Rules first: a frontend must never answer before its filtering
 	// (source ranges, KUBE-IPVS-FILTER) and masquerade are in place.
 	if !d.cfg.NoRules {
@@ -292,9 +280,52 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 		return err
 	}
 	d.createdDevice = d.createdDevice || created
+	goneUDP, errs, err := d.syncServers(want)
+	if err != nil {
+		return err // what IPVS holds is unknown: no VIP before its server
+	}
+	errs = append(errs, d.syncVIPs(want)...)
+	if err := d.saveOwned(); err != nil {
+		errs = append(errs, err)
+	}
+	ctStart := time.Now()
+	if err := d.ct.CleanupUDP(want.Serving, goneUDP); err != nil {
+		// Stale entries cost a UDP client a retry; not worth a failed sync.
+		d.problems = append(d.problems, "stale UDP conntrack cleanup: "+err.Error())
+	}
+	d.ctTook = time.Since(ctStart)
+	d.udp = map[vsKey]bool{}
+	for k := range want.Serving {
+		d.udp[k] = true
+	}
+	return errors.Join(errs...)
+}
+
+// checkSchedulers replaces each scheduler the kernel cannot load by the
+// default one, saying so.
+func (d *Datapath) checkSchedulers(want *desired) {
+	for _, k := range want.sortedKeys() {
+		vs := want.Servers[k]
+		if err := d.probeScheduler(vs.Scheduler); err != nil {
+			def := schedulerFor(&model.ServicePort{}, d.cfg.Scheduler)
+			d.problems = append(d.problems, fmt.Sprintf("%s: %v; using %s", vs.Owner, err, def))
+			vs.Scheduler = def
+			vs.Flags &^= flagMHPort
+			if def == "mh" {
+				vs.Flags |= flagMHPort
+			}
+		}
+	}
+}
+
+// syncServers adds or updates the wanted virtual servers with their real
+// servers, then removes those xvs created that are no longer wanted. It
+// returns the UDP ones gone (their conntrack entries go too), the errors
+// of single servers, and an error when IPVS cannot be read at all.
+func (d *Datapath) syncServers(want *desired) (goneUDP map[vsKey]bool, errs []error, err error) {
 	have, err := d.k.Services()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	haveByKey := map[vsKey]kService{}
 	for _, s := range have {
@@ -323,8 +354,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			errs = append(errs, err)
 		}
 	}
-	// Remove the virtual servers xvs created that are no longer wanted.
-	goneUDP := map[vsKey]bool{}
+	goneUDP = map[vsKey]bool{}
 	for _, s := range have {
 		k := s.Key
 		if _, ok := want.Servers[k]; ok || !d.owned[k] || d.excluded(k.Addr) {
@@ -352,8 +382,13 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			goneUDP[k] = true
 		}
 	}
+	return goneUDP, errs, nil
+}
 
-	// VIPs on the dummy interface.
+// syncVIPs binds the wanted VIPs to the dummy interface and unbinds those
+// xvs bound that are no longer wanted; an address someone else put there
+// (kube-proxy's) stays.
+func (d *Datapath) syncVIPs(want *desired) (errs []error) {
 	onDev, err := d.k.DeviceAddrs()
 	if err != nil {
 		errs = append(errs, err)
@@ -367,8 +402,6 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			d.ownedVIPs[a] = true
 		}
 	}
-	// Only the addresses xvs bound go: an address someone else put there
-	// (kube-proxy's) stays.
 	for _, a := range onDev {
 		if !want.VIPs[a] && d.ownedVIPs[a] && !d.excluded(a) {
 			if err := d.k.DelDeviceAddr(a); err != nil {
@@ -383,18 +416,5 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) error {
 			delete(d.ownedVIPs, a) // gone behind our back
 		}
 	}
-	if err := d.saveOwned(); err != nil {
-		errs = append(errs, err)
-	}
-	ctStart := time.Now()
-	if err := d.ct.CleanupUDP(want.Serving, goneUDP); err != nil {
-		// Stale entries cost a UDP client a retry; not worth a failed sync.
-		d.problems = append(d.problems, "stale UDP conntrack cleanup: "+err.Error())
-	}
-	d.ctTook = time.Since(ctStart)
-	d.udp = map[vsKey]bool{}
-	for k := range want.Serving {
-		d.udp[k] = true
-	}
-	return errors.Join(errs...)
+	return errs
 }

@@ -63,19 +63,10 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 	if sp == nil {
 		return nil
 	}
-	grow, rangeGrow := d.growth(name, sp)
-	if d.slotCap > 0 && d.slotsAtStart+ws.grown+grow > d.slotCap {
+	if err := d.reserve(name, sp, ws); err != nil {
 		a.sp = nil // nothing of it is programmed
-		return fmt.Errorf("%w: the services map is full: this port needs %d more entries, %d of %d are free (raise --bpf-max-service-slots)",
-			errNoRoom, grow, max(0, d.slotCap-d.slotsAtStart-ws.grown), d.slotCap)
+		return err
 	}
-	if d.rangeCap > 0 && d.rangesAtStart+ws.rangesGrown+rangeGrow > d.rangeCap {
-		a.sp = nil
-		return fmt.Errorf("%w: the source-ranges map is full: this port's loadBalancerSourceRanges need %d more entries, %d of %d are free (raise --bpf-max-services)",
-			errNoRoom, rangeGrow, max(0, d.rangeCap-d.rangesAtStart-ws.rangesGrown), d.rangeCap)
-	}
-	ws.rangesGrown += rangeGrow
-	ws.grown += grow
 	sched, err := SchedulerByName(sp.Scheduler)
 	if err != nil {
 		// One bad annotation must not stop the other services.
@@ -85,7 +76,7 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 	if err != nil {
 		return fmt.Errorf("group id: %w", err)
 	}
-	var ids [2][]uint32
+	pp := &portPlan{name: name, sp: sp, a: a, sched: sched, groupID: groupID, ws: ws, released: released}
 	for _, f := range sp.Frontends {
 		fk := keyOf(f)
 		if owner, ok := d.owners[fk]; ok && owner != name {
@@ -95,90 +86,139 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 		if slices.ContainsFunc(a.frontends, func(o model.Frontend) bool { return keyOf(o) == fk }) {
 			continue // the same address listed twice
 		}
-		sets, scopes := frontendSets(sp, f)
-		ws.undo = ws.undo[:0] // only this frontend's writes can be undone
-		mark := ws.mark()
-		for scope := range scopes {
-			if len(sets[scope]) > 0xffff-1 {
-				err = fmt.Errorf("%s: %d endpoints exceed the slot limit", f, len(sets[scope]))
-			} else {
-				ids[scope], err = d.backendIDsFor(fk, sets[scope], ids[scope][:0], ws)
-			}
-			if err != nil {
-				d.undoBackends(ws, mark)
-				return err
-			}
+		if err := d.planFrontend(pp, f); err != nil {
+			return err
 		}
-		svcID, fresh, err := d.svcIDs.get(fk)
-		if err != nil {
-			d.undoBackends(ws, mark)
-			return fmt.Errorf("service id: %w", err)
-		}
-		if fresh {
-			ws.freshSvcs = append(ws.freshSvcs, svcID)
-		}
-		if f.Proto == model.SCTP {
-			for _, ep := range sp.EndpointsForFrontend(f) {
-				if ep.Port != f.Port {
-					d.problem(name, "%s %s: SCTP port translation (to %s) is not supported by the ebpf datapath (its CRC32c covers the ports): such packets are dropped; use targetPort = port, or ipvs mode", name, f, ep)
-					break
-				}
-			}
-		}
-		d.owners[fk] = name
-		delete(released, fk)
-		a.frontends = append(a.frontends, f)
-		if f.Kind == model.ClusterIP {
-			d.node.clusterIPs[fk.addr]++
-			d.node.dirtyIPs[fk.addr] = true
-		}
-
-		head := xbpf.SvcValue{
-			SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind),
-		}
-		if sp.HasEndpointsFor(f.Addr) {
-			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
-		}
-		if sp.Affinity.ClientIP {
-			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY)
-			head.AffinityTimeout = sp.Affinity.TimeoutSeconds
-		}
-		var ranges map[xbpf.LPMKey]bool
-		if f.Kind == model.LoadBalancer && len(sp.SourceRangesFor(f.Addr)) > 0 {
-			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES)
-			ranges = sourceRangeKeys(svcID, sp, f, d.nodeAddrs)
-		}
-		d.planRanges(svcID, ranges, ws)
-		if sp.LocalPolicy(f.Kind) {
-			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
-		}
-		if scopes == 2 {
-			// Pods and the host short-circuit to the cluster set.
-			head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT)
-		}
-		var written slotCounts
-		for scope := range scopes {
-			set := d.planSlots(fk, uint8(scope), sets[scope], ids[scope], svcID, ws)
-			n := uint16(len(set))
-			h := head
-			h.Count = n
-			sk := xbpf.SchedKey{SvcId: svcID, Scope: uint8(scope)}
-			if h.TableSize, err = d.planTable(sk, sched, set, ws); err != nil {
-				// Slots and references are taken: keep the frontend,
-				// balancing at random until the retry builds the table.
-				d.problem(name, "%s %s: %v", name, f, err)
-				d.retry[name] = true
-				h.Sched = uint8(xbpf.XvsXvsSchedXVS_SCHED_RANDOM)
-			}
-			d.planMembers(sk, sp.Affinity.ClientIP, set, ws)
-			ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
-			ws.headVals = append(ws.headVals, h)
-			written.n[scope] = n
-			written.shortCircuit = written.shortCircuit || scope == 1
-		}
-		d.dropStaleSlots(fk, svcID, written, ws)
 	}
 	return nil
+}
+
+// reserve counts sp's growth of the services and source-ranges maps
+// against what the sync has left of them, or says which is full.
+func (d *Datapath) reserve(name model.ServicePortName, sp *model.ServicePort, ws *writeSet) error {
+	grow, rangeGrow := d.growth(name, sp)
+	if d.slotCap > 0 && d.slotsAtStart+ws.grown+grow > d.slotCap {
+		return fmt.Errorf("%w: the services map is full: this port needs %d more entries, %d of %d are free (raise --bpf-max-service-slots)",
+			errNoRoom, grow, max(0, d.slotCap-d.slotsAtStart-ws.grown), d.slotCap)
+	}
+	if d.rangeCap > 0 && d.rangesAtStart+ws.rangesGrown+rangeGrow > d.rangeCap {
+		return fmt.Errorf("%w: the source-ranges map is full: this port's loadBalancerSourceRanges need %d more entries, %d of %d are free (raise --bpf-max-services)",
+			errNoRoom, rangeGrow, max(0, d.rangeCap-d.rangesAtStart-ws.rangesGrown), d.rangeCap)
+	}
+	ws.rangesGrown += rangeGrow
+	ws.grown += grow
+	return nil
+}
+
+// portPlan is what planning one ServicePort's frontends shares.
+type portPlan struct {
+	name     model.ServicePortName
+	sp       *model.ServicePort
+	a        *appliedService
+	sched    xbpf.Sched
+	groupID  uint32
+	ws       *writeSet
+	released map[frontendKey]bool
+	ids      [2][]uint32 // backend IDs per scope, reused from frontend to frontend
+}
+
+// planFrontend takes the IDs one frontend needs (undoing its backend writes
+// if one is missing), claims it for the port, and queues its head, slots,
+// scheduler table, members and source ranges.
+func (d *Datapath) planFrontend(pp *portPlan, f model.Frontend) error {
+	ws, sp, name := pp.ws, pp.sp, pp.name
+	fk := keyOf(f)
+	sets, scopes := frontendSets(sp, f)
+	ws.undo = ws.undo[:0] // only this frontend's writes can be undone
+	mark := ws.mark()
+	var err error
+	for scope := range scopes {
+		if len(sets[scope]) > 0xffff-1 {
+			err = fmt.Errorf("%s: %d endpoints exceed the slot limit", f, len(sets[scope]))
+		} else {
+			pp.ids[scope], err = d.backendIDsFor(fk, sets[scope], pp.ids[scope][:0], ws)
+		}
+		if err != nil {
+			d.undoBackends(ws, mark)
+			return err
+		}
+	}
+	svcID, fresh, err := d.svcIDs.get(fk)
+	if err != nil {
+		d.undoBackends(ws, mark)
+		return fmt.Errorf("service id: %w", err)
+	}
+	if fresh {
+		ws.freshSvcs = append(ws.freshSvcs, svcID)
+	}
+	if f.Proto == model.SCTP {
+		for _, ep := range sp.EndpointsForFrontend(f) {
+			if ep.Port != f.Port {
+				d.problem(name, "%s %s: SCTP port translation (to %s) is not supported by the ebpf datapath (its CRC32c covers the ports): such packets are dropped; use targetPort = port, or ipvs mode", name, f, ep)
+				break
+			}
+		}
+	}
+	d.owners[fk] = name
+	delete(pp.released, fk)
+	pp.a.frontends = append(pp.a.frontends, f)
+	if f.Kind == model.ClusterIP {
+		d.node.clusterIPs[fk.addr]++
+		d.node.dirtyIPs[fk.addr] = true
+	}
+
+	head := headOf(sp, f, svcID, pp.groupID, pp.sched, scopes)
+	var ranges map[xbpf.LPMKey]bool
+	if head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES) != 0 {
+		ranges = sourceRangeKeys(svcID, sp, f, d.nodeAddrs)
+	}
+	d.planRanges(svcID, ranges, ws)
+	var written slotCounts
+	for scope := range scopes {
+		set := d.planSlots(fk, uint8(scope), sets[scope], pp.ids[scope], svcID, ws)
+		n := uint16(len(set))
+		h := head
+		h.Count = n
+		sk := xbpf.SchedKey{SvcId: svcID, Scope: uint8(scope)}
+		if h.TableSize, err = d.planTable(sk, pp.sched, set, ws); err != nil {
+			// Slots and references are taken: keep the frontend,
+			// balancing at random until the retry builds the table.
+			d.problem(name, "%s %s: %v", name, f, err)
+			d.retry[name] = true
+			h.Sched = uint8(xbpf.XvsXvsSchedXVS_SCHED_RANDOM)
+		}
+		d.planMembers(sk, sp.Affinity.ClientIP, set, ws)
+		ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
+		ws.headVals = append(ws.headVals, h)
+		written.n[scope] = n
+		written.shortCircuit = written.shortCircuit || scope == 1
+	}
+	d.dropStaleSlots(fk, svcID, written, ws)
+	return nil
+}
+
+// headOf is frontend f's head (slot 0) without its count and table size:
+// its IDs, scheduler, kind and the flags the program tests.
+func headOf(sp *model.ServicePort, f model.Frontend, svcID, groupID uint32, sched xbpf.Sched, scopes int) xbpf.SvcValue {
+	head := xbpf.SvcValue{SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind)}
+	if sp.HasEndpointsFor(f.Addr) {
+		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
+	}
+	if sp.Affinity.ClientIP {
+		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY)
+		head.AffinityTimeout = sp.Affinity.TimeoutSeconds
+	}
+	if f.Kind == model.LoadBalancer && len(sp.SourceRangesFor(f.Addr)) > 0 {
+		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SOURCE_RANGES)
+	}
+	if sp.LocalPolicy(f.Kind) {
+		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_LOCAL)
+	}
+	if scopes == 2 {
+		// Pods and the host short-circuit to the cluster set.
+		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_SHORT_CIRCUIT)
+	}
+	return head
 }
 
 // growth is how many services-map and source-ranges entries planning sp

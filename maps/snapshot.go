@@ -121,104 +121,122 @@ func VerdictName(v xbpf.Verdict) string {
 
 // Read builds a Snapshot; withStats adds the per-CPU counters, summed.
 func (m *Maps) Read(withStats bool) (*Snapshot, error) {
-	backends := map[uint32]xbpf.Backend{}
-	if err := walk(m.Backends, func(id *uint32, b *xbpf.Backend) { backends[*id] = *b }); err != nil {
+	r := &snapshotReader{m: m, withStats: withStats, backends: map[uint32]xbpf.Backend{},
+		heads: map[slotRef]xbpf.SvcValue{}, slots: map[slotRef]map[uint16]uint32{}}
+	if err := walk(m.Backends, func(id *uint32, b *xbpf.Backend) { r.backends[*id] = *b }); err != nil {
 		return nil, err
 	}
-
-	type slotRef struct {
-		fk    frontendKey
-		scope uint8
-	}
-	heads := map[slotRef]xbpf.SvcValue{}
-	slots := map[slotRef]map[uint16]uint32{}
 	err := walk(m.Services, func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
 		ref := slotRef{frontendOf(*k), k.Scope}
 		if k.Slot == 0 {
-			heads[ref] = *v
+			r.heads[ref] = *v
 			return
 		}
-		if slots[ref] == nil {
-			slots[ref] = map[uint16]uint32{}
+		if r.slots[ref] == nil {
+			r.slots[ref] = map[uint16]uint32{}
 		}
-		slots[ref][k.Slot] = v.BackendId
+		r.slots[ref][k.Slot] = v.BackendId
 	})
 	if err != nil {
 		return nil, err
 	}
-
-	flows, occupancy, err := m.flowCountsFromConntrack()
-	if err != nil {
+	var occupancy map[string]ConntrackView
+	if r.flows, occupancy, err = m.flowCountsFromConntrack(); err != nil {
 		return nil, err
 	}
-	snap := &Snapshot{Conntrack: occupancy}
-	view := func(ref slotRef, head xbpf.SvcValue) []BackendView {
-		var out []BackendView
-		for s := uint16(1); s <= head.Count; s++ {
-			bid, ok := slots[ref][s]
-			be, found := backends[bid]
-			if !ok || !found {
-				snap.Orphans = append(snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.proto, netip.AddrPortFrom(ref.fk.addr, ref.fk.port), s))
-				continue
-			}
-			bv := BackendView{
-				Address: netip.AddrPortFrom(decodeAddr(be.Addr, be.Family), ntohs(be.Port)),
-				ID:      bid, Weight: be.Weight,
-				Local: be.Flags&uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL) != 0,
-			}
-			c := flows[[2]uint32{head.SvcId, bid}]
-			bv.ActiveConns, bv.InactiveConns = c.active, c.inactive
-			if withStats {
-				bv.Stats, _ = sumStats(m.BackendStats, bid)
-				c.add(&bv.Stats)
-			}
-			out = append(out, bv)
+	r.snap = &Snapshot{Conntrack: occupancy}
+	for ref, head := range r.heads {
+		if ref.scope == 0 {
+			r.snap.Services = append(r.snap.Services, r.service(ref, head))
 		}
-		return out
 	}
-	for ref, head := range heads {
-		if ref.scope != 0 {
-			continue
-		}
-		sv := ServiceView{
-			Protocol:  ref.fk.proto.String(),
-			Address:   netip.AddrPortFrom(ref.fk.addr, ref.fk.port),
-			Kind:      kindFromMap(head.Kind).String(),
-			Scheduler: SchedulerName(xbpf.Sched(head.Sched)),
-			ID:        head.SvcId,
-			Group:     head.GroupId,
-			Flags:     flagNames(head.Flags),
-			Backends:  view(ref, head),
-		}
-		if head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY) != 0 {
-			sv.Affinity = head.AffinityTimeout
-		}
-		sc := slotRef{ref.fk, 1}
-		if h, ok := heads[sc]; ok {
-			sv.ShortCircuit = view(sc, h)
-		}
-		if withStats {
-			sv.Stats, _ = sumStats(m.SvcStats, head.SvcId)
-			for _, b := range sv.Backends {
-				flows[[2]uint32{head.SvcId, b.ID}].add(&sv.Stats)
-			}
-		}
-		snap.Services = append(snap.Services, sv)
-	}
-	slices.SortFunc(snap.Services, func(a, b ServiceView) int {
+	slices.SortFunc(r.snap.Services, func(a, b ServiceView) int {
 		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Address.Compare(b.Address))
 	})
 	if withStats {
-		snap.Verdicts = map[string]xbpf.Stats{}
+		r.snap.Verdicts = map[string]xbpf.Stats{}
 		for v := xbpf.Verdict(0); v < xbpf.XvsXvsVerdictXVS_V_MAX; v++ {
 			s, err := sumStats(m.Verdicts, uint32(v))
 			if err != nil {
 				return nil, err
 			}
-			snap.Verdicts[VerdictName(v)] = s
+			r.snap.Verdicts[VerdictName(v)] = s
 		}
 	}
-	return snap, nil
+	return r.snap, nil
+}
+
+// slotRef names the slots of one frontend's scope.
+type slotRef struct {
+	fk    frontendKey
+	scope uint8
+}
+
+// snapshotReader holds what Read took from the maps while it builds the
+// views.
+type snapshotReader struct {
+	m         *Maps
+	withStats bool
+	backends  map[uint32]xbpf.Backend
+	heads     map[slotRef]xbpf.SvcValue
+	slots     map[slotRef]map[uint16]uint32
+	flows     map[[2]uint32]flowCounts
+	snap      *Snapshot
+}
+
+// service is the view of one frontend (scope 0) and its short-circuit set.
+func (r *snapshotReader) service(ref slotRef, head xbpf.SvcValue) ServiceView {
+	sv := ServiceView{
+		Protocol:  ref.fk.proto.String(),
+		Address:   netip.AddrPortFrom(ref.fk.addr, ref.fk.port),
+		Kind:      kindFromMap(head.Kind).String(),
+		Scheduler: SchedulerName(xbpf.Sched(head.Sched)),
+		ID:        head.SvcId,
+		Group:     head.GroupId,
+		Flags:     flagNames(head.Flags),
+		Backends:  r.backendViews(ref, head),
+	}
+	if head.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY) != 0 {
+		sv.Affinity = head.AffinityTimeout
+	}
+	sc := slotRef{ref.fk, 1}
+	if h, ok := r.heads[sc]; ok {
+		sv.ShortCircuit = r.backendViews(sc, h)
+	}
+	if r.withStats {
+		sv.Stats, _ = sumStats(r.m.SvcStats, head.SvcId)
+		for _, b := range sv.Backends {
+			r.flows[[2]uint32{head.SvcId, b.ID}].add(&sv.Stats)
+		}
+	}
+	return sv
+}
+
+// backendViews are the backends of one frontend's scope, in slot order; a
+// slot or backend missing is an orphan.
+func (r *snapshotReader) backendViews(ref slotRef, head xbpf.SvcValue) []BackendView {
+	var out []BackendView
+	for s := uint16(1); s <= head.Count; s++ {
+		bid, ok := r.slots[ref][s]
+		be, found := r.backends[bid]
+		if !ok || !found {
+			r.snap.Orphans = append(r.snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.proto, netip.AddrPortFrom(ref.fk.addr, ref.fk.port), s))
+			continue
+		}
+		bv := BackendView{
+			Address: netip.AddrPortFrom(decodeAddr(be.Addr, be.Family), ntohs(be.Port)),
+			ID:      bid, Weight: be.Weight,
+			Local: be.Flags&uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL) != 0,
+		}
+		c := r.flows[[2]uint32{head.SvcId, bid}]
+		bv.ActiveConns, bv.InactiveConns = c.active, c.inactive
+		if r.withStats {
+			bv.Stats, _ = sumStats(r.m.BackendStats, bid)
+			c.add(&bv.Stats)
+		}
+		out = append(out, bv)
+	}
+	return out
 }
 
 func flagNames(f uint16) []string {

@@ -364,6 +364,50 @@ func TestPrivIPVSMigration(t *testing.T) {
 	testMigration(t, ipvsShape())
 }
 
+// TestPrivIPVSKubeProxyMigration: from the real kube-proxy v1.37 in IPVS
+// mode (the VM rig, whose kernels have IPVS; the rig hands the guest the
+// API server and kube-proxy binaries), as TestPrivKubeProxyMigration does
+// from its nftables and iptables modes: connections open through
+// kube-proxy's virtual servers; kube-proxy stops (IPVS keeps serving them);
+// xvs starts and adopts them from netfilter's conntrack, which kube-proxy's
+// net.ipv4.vs.conntrack=1 fills; `kube-proxy --cleanup` removes the
+// virtual servers, kube-ipvs0, its ipsets and rules. Every connection
+// carries on, on its backend, with every byte.
+func TestPrivIPVSKubeProxyMigration(t *testing.T) {
+	if err := ipvs.Available(); err != nil {
+		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
+	}
+	kpBin := kubeProxyBin(t)
+	w := newKubeWorld(t)
+	ns := w.Node.NS
+	if out, err := lab.Run(ns, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	kp := startKubeProxy(t, w, kpBin, "ipvs")
+	if out, err := lab.Run(ns, "ipvsadm", "-Ln"); err != nil || !strings.Contains(string(out), harness.DemoVIP.String()+":80") {
+		t.Fatalf("kube-proxy's virtual servers (%v):\n%s", err, out)
+	}
+	flows := startMigrationFlows(t, w.Single, ipvsShape().through)
+	if err := kp.Stop(5 * time.Second); err != nil {
+		t.Fatalf("stopping kube-proxy: %v", err)
+	}
+	for _, h := range flows.streams {
+		if _, err := h.Check(10 * time.Second); err != nil {
+			t.Fatalf("with kube-proxy stopped, its virtual servers still serve: %v", err)
+		}
+	}
+	w.startKubeAgent(t)
+	w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+	out, _ := lab.Run(ns, kpBin, "--cleanup")
+	if vs, _ := lab.Run(ns, "ipvsadm", "-Ln"); strings.Contains(string(vs), harness.DemoVIP.String()) {
+		t.Errorf("kube-proxy --cleanup left its virtual servers: %s\n%s", out, vs)
+	}
+	if _, err := lab.Run(ns, "ip", "link", "show", ipvs.DefaultDevice); err == nil {
+		t.Errorf("kube-proxy --cleanup left %s: %s", ipvs.DefaultDevice, out)
+	}
+	flows.verdict(t, w.Single, true, false)
+}
+
 // TestPrivKubeProxyMigration: from the real kube-proxy v1.37 (make
 // kube-proxy), in nftables and in iptables mode, against the tests' API
 // server: kube-proxy serves the Service; connections open; kube-proxy

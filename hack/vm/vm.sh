@@ -23,9 +23,9 @@ CACHE=${XVS_VM_CACHE:-/var/cache/xvs/vm}
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 
 # Host packages whose binaries (with their shared libraries) make the guest userland.
-DEB_PKGS=(qemu-system-x86 xz-utils busybox-static ipvsadm kmod iproute2 iptables nftables conntrack util-linux cpio)
+DEB_PKGS=(qemu-system-x86 xz-utils busybox-static ipvsadm ipset kmod iproute2 iptables nftables conntrack util-linux cpio)
 # Binaries copied into the guest, with the libraries ldd lists for them.
-GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /usr/sbin/conntrack
+GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/conntrack
 	/usr/bin/nsenter /usr/bin/unshare /usr/bin/kmod /usr/sbin/xtables-nft-multi)
 # Modules loaded at boot (with their dependencies). Missing ones are skipped:
 # not every kernel has every IPVS scheduler.
@@ -294,7 +294,7 @@ boot_once() {
 # same boot, which saves a boot and the guest's setup (make test runs the
 # conformance corpus this way).
 cmd_test() {
-	local kernel=$1 files suite pkg run name script then="" timeout=1500
+	local kernel=$1 files suite pkg run name script src then="" timeout=1500
 	shift
 	if [ $# -gt 0 ]; then
 		[ "$1" = "--" ] && [ $# -ge 2 ] || die "usage: vm.sh test KERNEL [-- CMD]"
@@ -308,6 +308,20 @@ cmd_test() {
 	trap "rm -rf '$files'" RETURN
 	(cd "$REPO" && CGO_ENABLED=0 go build -o "$files/pinhooks" ./hack/vm/pinhooks)
 	script="set -u; fail=0; /run/xvs-vm/pinhooks || echo 'vm: cannot pin the cgroup socket hooks'"
+	# The real kube-apiserver and kube-proxy v1.37 (make apiserver, make
+	# kube-proxy), for the migration off kube-proxy's own IPVS mode, which
+	# only a guest has: linked (or copied) next to the test binaries.
+	local bin
+	for bin in "apiserver:XVS_APISERVER_BIN:/var/cache/xvs/apiserver/*/apiserver" \
+		"kube-proxy:XVS_KUBE_PROXY_BIN:/var/cache/xvs/kube-proxy/v1.37.*/kube-proxy"; do
+		# shellcheck disable=SC2086
+		src=$(ls -t ${bin##*:} 2>/dev/null | head -1)
+		[ -n "$src" ] || continue
+		name=${bin%%:*}
+		ln -f "$src" "$files/$name" 2>/dev/null || cp "$src" "$files/$name"
+		bin=${bin#*:}
+		script+="; export ${bin%%:*}=/run/xvs-vm/$name"
+	done
 	for suite in $VM_SUITES; do
 		# ./pkg=REGEX runs REGEX's tests of that suite instead of VM_RUN's.
 		pkg=${suite%%=*} run=$VM_RUN
