@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/spf13/pflag"
 
 	"github.com/xvs-lb/xvs/config"
@@ -262,6 +263,10 @@ func startDatapath(log *slog.Logger, f settings, ev *nodeEvents, m *xmetrics.Met
 	if mf.fallback != modeIPVS {
 		return nil, bpfErr
 	}
+	if !errors.As(bpfErr, new(kernelError)) {
+		log.Error("not falling back to IPVS: the BPF datapath failed for a reason IPVS would not fix, and falling back would remove its maps and connections", "err", bpfErr)
+		return nil, bpfErr
+	}
 	reason := "BPFLoadFailed"
 	log.Error("the BPF datapath cannot run on this kernel; falling back to IPVS", "reason", reason, "err", bpfErr)
 	m.DatapathFallbacks.WithLabelValues(modeIPVS, reason).Inc()
@@ -274,16 +279,57 @@ func startDatapath(log *slog.Logger, f settings, ev *nodeEvents, m *xmetrics.Met
 	return a, nil
 }
 
-func startEBPF(f settings) (*activeDatapath, error) {
-	if f.mode.debugFailBPF || (config.DebugSwitches() && os.Getenv(envFailBPFLoad) == "1") {
-		return nil, errors.New("load objects: injected failure (" + envFailBPFLoad + ")")
+// kernelError is a failure of the BPF datapath to load on this kernel
+// (a verifier rejection, a missing map type or helper): the one reason
+// --fallback=ipvs serves with IPVS instead. A configuration error, pinned
+// maps this build must not reuse, or another agent holding them are not:
+// falling back would remove the BPF datapath's maps, and with them every
+// connection, for a typo.
+type kernelError struct{ error }
+
+func (e kernelError) Unwrap() error { return e.error }
+
+// ebpfParams are startEBPF's settings parsed and checked before anything
+// is loaded.
+type ebpfParams struct {
+	lcfg           loader.Config
+	ports          string
+	portLo, portHi uint16
+	masq           []netip.Addr
+}
+
+func parseEBPF(f settings) (ebpfParams, error) {
+	p := ebpfParams{lcfg: loader.DefaultConfig()}
+	p.lcfg.MaxServices, p.lcfg.MaxBackends = f.mode.mapSizes.MaxServices, f.mode.mapSizes.MaxBackends
+	p.lcfg.MaxServiceSlots, p.lcfg.ConntrackSize = f.mode.mapSizes.MaxServiceSlots, f.mode.mapSizes.ConntrackSize
+	p.lcfg.PinPath = f.pinPath
+	p.lcfg.DisableRevNAT = f.disableRevNATDbg
+	p.lcfg.Timeouts = f.mode.timeouts
+	p.ports = f.mode.masqPorts
+	if p.ports == "" {
+		p.ports = fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax)
+		if f.mode.netfilter == netfilterPass {
+			p.ports = fmt.Sprintf("%d-%d", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax)
+		}
 	}
-	lcfg := loader.DefaultConfig()
-	lcfg.MaxServices, lcfg.MaxBackends = f.mode.mapSizes.MaxServices, f.mode.mapSizes.MaxBackends
-	lcfg.MaxServiceSlots, lcfg.ConntrackSize = f.mode.mapSizes.MaxServiceSlots, f.mode.mapSizes.ConntrackSize
-	lcfg.PinPath = f.pinPath
-	lcfg.DisableRevNAT = f.disableRevNATDbg
-	lcfg.Timeouts = f.mode.timeouts
+	var err error
+	if p.portLo, p.portHi, err = parsePortRange(p.ports); err != nil {
+		return p, fmt.Errorf("--masquerade-port-range: %w", err)
+	}
+	if p.masq, err = parseAddrList(f.mode.masqAddrs); err != nil {
+		return p, fmt.Errorf("--masquerade-address: %w", err)
+	}
+	return p, nil
+}
+
+func startEBPF(f settings) (*activeDatapath, error) {
+	p, err := parseEBPF(f)
+	if err != nil {
+		return nil, err
+	}
+	if f.mode.debugFailBPF || (config.DebugSwitches() && os.Getenv(envFailBPFLoad) == "1") {
+		return nil, kernelError{errors.New("load objects: injected failure (" + envFailBPFLoad + ")")}
+	}
 	// One agent per set of maps: a second one (a manual run, an
 	// overlapping canary) would allocate IDs over the first one's.
 	lock, err := loader.LockPinPath(f.pinPath, f.mode.lockWait, func(holder int) {
@@ -298,48 +344,34 @@ func startEBPF(f settings) (*activeDatapath, error) {
 			lock.Close()
 		}
 	}()
-	objs, err := loader.Load(lcfg)
+	objs, err := loader.Load(p.lcfg)
 	if err != nil {
-		return nil, err
-	}
-	ports := f.mode.masqPorts
-	if ports == "" {
-		ports = fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax)
-		if f.mode.netfilter == netfilterPass {
-			ports = fmt.Sprintf("%d-%d", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax)
+		if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, err // this build must not reuse the pinned maps
 		}
-	}
-	lo, hi, err := parsePortRange(ports)
-	if err != nil {
-		objs.Close()
-		return nil, fmt.Errorf("--masquerade-port-range: %w", err)
+		return nil, kernelError{err}
 	}
 	var nfMark uint32
 	if f.mode.netfilter == netfilterPass {
 		// The masquerade rule first: the first flow marked for it may
 		// come as soon as the maps are written.
 		nfMark = loader.DefaultMasqueradeMark
-		if err := loader.InstallNetfilter(loader.Netfilter{Mark: nfMark, PortMin: lo, PortMax: hi}); err != nil {
+		if err := loader.InstallNetfilter(loader.Netfilter{Mark: nfMark, PortMin: p.portLo, PortMax: p.portHi}); err != nil {
 			objs.Close()
 			return nil, fmt.Errorf("--netfilter-mode=pass: %w", err)
 		}
 		slog.Info("Service traffic passes the node's netfilter hooks once translated; netfilter masquerades it",
-			"table", loader.NetfilterTable, "mark", fmt.Sprintf("%#x", nfMark), "ports", ports)
+			"table", loader.NetfilterTable, "mark", fmt.Sprintf("%#x", nfMark), "ports", p.ports)
 	} else {
 		if err := loader.RemoveNetfilter(); err != nil {
 			slog.Warn("cannot remove the netfilter mode's table", "table", loader.NetfilterTable, "err", err)
 		}
 		slog.Info("Service traffic bypasses the node's netfilter hooks (--netfilter-mode=bypass): firewall and NetworkPolicy rules there do not see it")
 	}
-	masq, err := parseAddrList(f.mode.masqAddrs)
-	if err != nil {
-		objs.Close()
-		return nil, fmt.Errorf("--masquerade-address: %w", err)
-	}
 	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{
-		MaxServices: lcfg.MaxServices, MaxBackends: lcfg.MaxBackends,
-		SNATPortMin: lo, SNATPortMax: hi, MaglevSize: uint32(f.mode.maglevSize),
-		MasqueradeAddrs: masq, NetfilterMark: nfMark,
+		MaxServices: p.lcfg.MaxServices, MaxBackends: p.lcfg.MaxBackends,
+		SNATPortMin: p.portLo, SNATPortMax: p.portHi, MaglevSize: uint32(f.mode.maglevSize),
+		MasqueradeAddrs: p.masq, NetfilterMark: nfMark,
 	})
 	if err != nil {
 		objs.Close()

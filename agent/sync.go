@@ -186,10 +186,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	if err := s.guardFirstSync(ctx, b.State); err != nil {
 		s.log.Error("Not applying the first sync; the datapath keeps what it has", "err", err)
 		s.metrics.FirstSyncHeld.Inc()
-		s.tracker.ForceFullSync()
-		s.mu.Lock()
-		s.triggers = append(triggers, s.triggers...)
-		s.mu.Unlock()
+		s.retryLater(triggers)
 		return err
 	}
 	if b.Full && start.Sub(s.lastRewrite) >= s.fullSyncPeriod {
@@ -210,10 +207,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	if err != nil {
 		s.log.Error("Datapath sync failed; retrying with a full sync", "err", err)
 		s.metrics.SyncFailuresTotal.WithLabelValues(s.dp.Mode()).Inc()
-		s.tracker.ForceFullSync()
-		s.mu.Lock()
-		s.triggers = append(triggers, s.triggers...)
-		s.mu.Unlock()
+		s.retryLater(triggers)
 		return err
 	}
 	if ad != nil {
@@ -229,6 +223,23 @@ func (s *syncer) sync(ctx context.Context) error {
 		// collection (at 100k Services, hundreds of MiB).
 		debug.FreeOSMemory()
 	}
+	s.recordSync(b, fams, triggers, svcs, eps, start, end)
+	return nil
+}
+
+// retryLater makes the next sync a full one that also answers for this
+// one's triggers (the network programming latency counts from them).
+func (s *syncer) retryLater(triggers []trigger) {
+	s.tracker.ForceFullSync()
+	s.mu.Lock()
+	s.triggers = append(triggers, s.triggers...)
+	s.mu.Unlock()
+}
+
+// recordSync records a sync applied from start to end: the summary health and
+// metrics read, the sync's own metrics, the changes it took off the
+// pending counts, health, and the health-check servers.
+func (s *syncer) recordSync(b controller.Sync, fams []string, triggers []trigger, svcs, eps int, start, end time.Time) {
 	took := end.Sub(start)
 	s.summary.update(b.State)
 	if s.summary.pub != nil {
@@ -258,7 +269,6 @@ func (s *syncer) sync(ctx context.Context) error {
 	if b.Changed || b.Full {
 		s.log.Debug("Synced", "servicePorts", len(b.State.Services), "full", b.Full, "took", took)
 	}
-	return nil
 }
 
 // families lists the IP families the node serves (kube-proxy's ip_family

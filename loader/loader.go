@@ -143,40 +143,8 @@ func Load(cfg Config) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load spec: %w", err)
 	}
-	for name, size := range map[string]uint32{
-		xbpf.XvsMapXvsServices:      cfg.MaxServiceSlots,
-		xbpf.XvsMapXvsBackends:      cfg.MaxBackends,
-		xbpf.XvsMapXvsBackendStats:  cfg.MaxBackends,
-		xbpf.XvsMapXvsSvcStats:      cfg.MaxServices,
-		xbpf.XvsMapXvsConntrack:     cfg.ConntrackSize,
-		xbpf.XvsMapXvsCtUnreplied:   cfg.unrepliedSize(),
-		xbpf.XvsMapXvsSchedTables:   cfg.MaxServices * 2,
-		xbpf.XvsMapXvsRrCursors:     cfg.MaxServices * 2,
-		xbpf.XvsMapXvsBackendHeld:   cfg.MaxBackends,
-		xbpf.XvsMapXvsBackendReaped: cfg.MaxBackends,
-		xbpf.XvsMapXvsMembers:       cfg.MaxServiceSlots,
-		xbpf.XvsMapXvsSourceRanges:  cfg.MaxServices,
-		xbpf.XvsMapXvsClusterIps:    cfg.MaxServices,
-	} {
-		spec.Maps[name].MaxEntries = size
-	}
-	for name, d := range map[string]time.Duration{
-		xbpf.XvsVarCfgCtTcpEstablishedS: cfg.Timeouts.TCPEstablished,
-		xbpf.XvsVarCfgCtTcpCloseWaitS:   cfg.Timeouts.TCPCloseWait,
-		xbpf.XvsVarCfgCtUdpS:            cfg.Timeouts.UDP,
-		xbpf.XvsVarCfgCtUdpStreamS:      cfg.Timeouts.UDPStream,
-	} {
-		if d <= 0 {
-			continue
-		}
-		if err := spec.Variables[name].Set(uint32(max(d/time.Second, 1))); err != nil {
-			return nil, fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	if cfg.DisableRevNAT {
-		if err := spec.Variables[xbpf.XvsVarCfgRevNat].Set(uint8(0)); err != nil {
-			return nil, fmt.Errorf("set rev nat knob: %w", err)
-		}
+	if err := configure(spec, cfg); err != nil {
+		return nil, err
 	}
 
 	// Before anything is converted or unpinned: a refusal leaves the pins
@@ -222,6 +190,46 @@ func Load(cfg Config) (*Objects, error) {
 		return nil, err
 	}
 	return &objs, nil
+}
+
+// configure sizes spec's maps and sets its load-time constants from cfg.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	for name, size := range map[string]uint32{
+		xbpf.XvsMapXvsServices:      cfg.MaxServiceSlots,
+		xbpf.XvsMapXvsBackends:      cfg.MaxBackends,
+		xbpf.XvsMapXvsBackendStats:  cfg.MaxBackends,
+		xbpf.XvsMapXvsSvcStats:      cfg.MaxServices,
+		xbpf.XvsMapXvsConntrack:     cfg.ConntrackSize,
+		xbpf.XvsMapXvsCtUnreplied:   cfg.unrepliedSize(),
+		xbpf.XvsMapXvsSchedTables:   cfg.MaxServices * 2,
+		xbpf.XvsMapXvsRrCursors:     cfg.MaxServices * 2,
+		xbpf.XvsMapXvsBackendHeld:   cfg.MaxBackends,
+		xbpf.XvsMapXvsBackendReaped: cfg.MaxBackends,
+		xbpf.XvsMapXvsMembers:       cfg.MaxServiceSlots,
+		xbpf.XvsMapXvsSourceRanges:  cfg.MaxServices,
+		xbpf.XvsMapXvsClusterIps:    cfg.MaxServices,
+	} {
+		spec.Maps[name].MaxEntries = size
+	}
+	for name, d := range map[string]time.Duration{
+		xbpf.XvsVarCfgCtTcpEstablishedS: cfg.Timeouts.TCPEstablished,
+		xbpf.XvsVarCfgCtTcpCloseWaitS:   cfg.Timeouts.TCPCloseWait,
+		xbpf.XvsVarCfgCtUdpS:            cfg.Timeouts.UDP,
+		xbpf.XvsVarCfgCtUdpStreamS:      cfg.Timeouts.UDPStream,
+	} {
+		if d <= 0 {
+			continue
+		}
+		if err := spec.Variables[name].Set(uint32(max(d/time.Second, 1))); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if cfg.DisableRevNAT {
+		if err := spec.Variables[xbpf.XvsVarCfgRevNat].Set(uint8(0)); err != nil {
+			return fmt.Errorf("set rev nat knob: %w", err)
+		}
+	}
+	return nil
 }
 
 // loadEager loads the maps and every program but the lazy ones, and assigns

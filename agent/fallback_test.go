@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	xmetrics "github.com/xvs-lb/xvs/metrics"
+)
+
+// TestFallbackOnlyForTheKernel: with --fallback=ipvs, a configuration
+// error of the BPF datapath fails the start instead of serving with IPVS,
+// which would remove the BPF datapath's pinned maps and every connection
+// through them; only a kernelError (the BPF objects cannot load on this
+// kernel) falls back. Before, every startEBPF error fell back.
+func TestFallbackOnlyForTheKernel(t *testing.T) {
+	m := xmetrics.New()
+	f := settings{pinPath: t.TempDir() + "/never-used", mode: modeFlags{
+		proxyMode: modeEBPF, fallback: modeIPVS, masqPorts: "40000-30000", netfilter: netfilterPass,
+	}}
+	_, err := startDatapath(slog.Default(), f, &nodeEvents{log: slog.Default()}, m)
+	if err == nil || !strings.Contains(err.Error(), "--masquerade-port-range") {
+		t.Fatalf("start with a bad --masquerade-port-range: %v, want that error", err)
+	}
+	if n := testutil.ToFloat64(m.DatapathFallbacks.WithLabelValues(modeIPVS, "BPFLoadFailed")); n != 0 {
+		t.Fatalf("fell back to IPVS %v times for a configuration error", n)
+	}
+	if errors.As(err, new(kernelError)) {
+		t.Fatalf("a configuration error classified as the kernel's: %v", err)
+	}
+	for _, tc := range []struct {
+		err    error
+		kernel bool
+	}{
+		{kernelError{errors.New("load programs: permission denied: invalid mem access")}, true},
+		{errors.Join(errors.New("context"), kernelError{errors.New("map type not supported")}), true},
+		{errors.New("another xvs agent uses this --pin-path"), false},
+	} {
+		if got := errors.As(tc.err, new(kernelError)); got != tc.kernel {
+			t.Errorf("%v: kernel %v, want %v", tc.err, got, tc.kernel)
+		}
+	}
+}
