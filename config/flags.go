@@ -87,7 +87,8 @@ var optionFlags = []string{
 }
 
 // AddFlags registers every flag on fs. The defaults shown in --help are
-// the ones that apply without --config.
+// the ones that apply without --config. Long by design: one line per flag,
+// in kube-proxy's order, then xvs's own.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.fs = fs
 	had := map[string]bool{}

@@ -56,7 +56,9 @@ func FeatureEnabled(c *kpv1.KubeProxyConfiguration, name string) bool {
 // Unsupported lists every field of c that xvs does not honour in the
 // configured mode and that is set to something other than kube-proxy's
 // default or zero value. c should be defaulted (SetDefaults) first. The
-// list is sorted by field.
+// list is sorted by field. Long by design: one check per configuration
+// field, in KubeProxyConfiguration's order, so a field's line is found by
+// its name.
 func Unsupported(c *kpv1.KubeProxyConfiguration) []Finding {
 	var out []Finding
 	add := func(field string, value any, reason string) {

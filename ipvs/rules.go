@@ -59,6 +59,9 @@ func elem(k vsKey) string {
 }
 
 // renderRules returns the nft script that replaces both families' tables.
+// Long by design: it reads top to bottom as the ruleset it writes (sets,
+// then chains in hook order), which is how an operator compares it with
+// `nft list table`.
 func renderRules(st *model.State, want *desired, cfg Config) string {
 	var b bytes.Buffer
 	for _, fam := range families {

@@ -83,7 +83,8 @@ func programmingBuckets() []float64 {
 	return b
 }
 
-// New returns the metrics registered on a fresh registry.
+// New returns the metrics registered on a fresh registry. Long by design:
+// one declaration per metric, kube-proxy's in its order, then xvs's.
 func New() *Metrics {
 	kp := func(name string) prometheus.Opts {
 		return prometheus.Opts{Subsystem: kubeProxySubsystem, Name: name}
