@@ -456,6 +456,59 @@ func parseAddrList(s string) ([]netip.Addr, error) {
 	return out, nil
 }
 
+// DrainPins is `xvs cleanup --drain`: the way back to another Service
+// proxy without cutting what xvs serves. With the agent stopped (its pin
+// path lock taken, and held, so none starts meanwhile), the pinned
+// programs are told to leave new flows to the node's netfilter, where the
+// other proxy (kube-proxy) now has its rules, while they carry on with
+// their own; once none of those is open, or wait is up, the BPF datapath
+// is removed. Flows still open then are cut, and said so. An interrupted
+// drain leaves the programs draining; a starting agent clears it.
+func DrainPins(ctx context.Context, log *slog.Logger, pinPath string, wait time.Duration) error {
+	if _, err := os.Stat(pinPath); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	lock, err := loader.LockPinPath(pinPath, 0, nil)
+	if err != nil {
+		return fmt.Errorf("not draining the BPF datapath: %w; stop that agent first", err)
+	}
+	defer lock.Close()
+	if err := maps.SetDraining(pinPath, true); err != nil {
+		return err
+	}
+	m, err := maps.OpenPinned(pinPath)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	start := time.Now()
+	var lastLog time.Time
+	for {
+		open, err := m.OpenFlows()
+		if err != nil {
+			return err
+		}
+		if open == 0 {
+			log.Info("Drained: no flow of xvs's is open; removing the BPF datapath", "took", time.Since(start).Round(time.Second))
+			break
+		}
+		if time.Since(start) >= wait {
+			log.Warn("Drain time is up; removing the BPF datapath cuts the flows still open", "open", open, "wait", wait)
+			break
+		}
+		if time.Since(lastLog) >= 5*time.Second {
+			log.Info("Draining: new flows go to the node's netfilter rules; waiting for xvs's own to end", "open", open, "left", (wait - time.Since(start)).Round(time.Second))
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drain interrupted (%w): the programs stay in place and keep draining", ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+	return loader.Cleanup(pinPath)
+}
+
 // CleanupPins removes the BPF datapath under pinPath, unless an agent is
 // using it (it holds the pin path's lock): pulling the maps from under a
 // running agent would leave it writing to nothing.

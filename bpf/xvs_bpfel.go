@@ -114,6 +114,7 @@ const (
 	XvsXvsConfigFlagsXVS_CFG_DETECT_LOCAL  XvsXvsConfigFlags = 2
 	XvsXvsConfigFlagsXVS_CFG_HOST_BACKENDS XvsXvsConfigFlags = 4
 	XvsXvsConfigFlagsXVS_CFG_NETFILTER     XvsXvsConfigFlags = 8
+	XvsXvsConfigFlagsXVS_CFG_DRAIN         XvsXvsConfigFlags = 16
 )
 
 type XvsXvsConnCounts struct {
@@ -409,7 +410,8 @@ const (
 	XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED    XvsXvsVerdict = 21
 	XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED  XvsXvsVerdict = 22
 	XvsXvsVerdictXVS_V_REPLY_ICMP          XvsXvsVerdict = 23
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 24
+	XvsXvsVerdictXVS_V_PASS_DRAINING       XvsXvsVerdict = 24
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 25
 )
 
 type XvsXvsVipKey struct {

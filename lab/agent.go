@@ -56,6 +56,18 @@ func (p *Process) Stop(grace time.Duration) error {
 	}
 }
 
+// Wait waits up to timeout for the process to end on its own and returns
+// how it ended; a process still running then is left running.
+func (p *Process) Wait(timeout time.Duration) error {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("%s still running after %v", p.cmd.Path, timeout)
+	}
+}
+
 // Exited reports whether the process ended on its own, with its error.
 func (p *Process) Exited() (bool, error) {
 	select {

@@ -31,13 +31,14 @@ var migrations = []migration{
 	{name: xbpf.XvsMapXvsNodeConfig, from: nodeConfigV1Size, convert: nodeConfigFromV1},
 }
 
-// retyped are the maps whose kind changed between releases and whose
-// content is not converted: counters (xvs_svc_stats, xvs_backend_stats were
-// preallocated per-CPU arrays of every possible ID until 2026-12), which
-// restart from zero, as Prometheus reads a counter reset. The old pin is
-// removed so that Load creates the new map; the Datapath then creates the
-// entries of the IDs in use.
-var retyped = []string{xbpf.XvsMapXvsSvcStats, xbpf.XvsMapXvsBackendStats}
+// retyped are the counter maps whose kind or size changed between releases
+// and whose content is not converted: counters restart from zero, as
+// Prometheus reads a counter reset. xvs_svc_stats and xvs_backend_stats
+// were preallocated per-CPU arrays of every possible ID until 2026-12;
+// xvs_verdicts has an entry per verdict, and grows with a new one. The old
+// pin is removed so that Load creates the new map; the Datapath then
+// creates the entries of the IDs in use.
+var retyped = []string{xbpf.XvsMapXvsSvcStats, xbpf.XvsMapXvsBackendStats, xbpf.XvsMapXvsVerdicts}
 
 // dropRetyped unpins the maps of retyped pinned under pinPath with another
 // type than spec's, and returns their names.
@@ -56,15 +57,18 @@ func dropRetyped(pinPath string, spec *ebpf.CollectionSpec) ([]string, error) {
 		if err != nil {
 			return out, fmt.Errorf("open pinned %s: %w", name, err)
 		}
-		typ := m.Type()
+		typ, size := m.Type(), m.MaxEntries()
 		m.Close()
-		if typ == ms.Type {
+		// A map of IDs is sized by configuration (--bpf-max-*), which
+		// cilium/ebpf checks; one of verdicts by this build.
+		sized := name == xbpf.XvsMapXvsVerdicts && size != ms.MaxEntries
+		if typ == ms.Type && !sized {
 			continue
 		}
 		if err := os.Remove(path); err != nil {
 			return out, fmt.Errorf("unpin the old %s: %w", name, err)
 		}
-		out = append(out, fmt.Sprintf("%s (was %s, now %s)", name, typ, ms.Type))
+		out = append(out, fmt.Sprintf("%s (was %s of %d, now %s of %d)", name, typ, size, ms.Type, ms.MaxEntries))
 	}
 	return out, nil
 }

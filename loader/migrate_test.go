@@ -110,3 +110,31 @@ func TestPrivMigrateStatsArrays(t *testing.T) {
 		t.Fatalf("the pin is a %s, want the new per-CPU hash", pinned.Type())
 	}
 }
+
+// TestPrivMigrateVerdictsGrown: a release that adds a verdict finds the
+// previous release's verdict counters pinned with one entry fewer (a size
+// cilium/ebpf refuses to reuse): they are replaced, restarting from zero,
+// instead of Load refusing the pin path.
+func TestPrivMigrateVerdictsGrown(t *testing.T) {
+	cfg := testConfig(t, "migrateverdicts")
+	if err := ensurePinPath(cfg.PinPath); err != nil {
+		t.Fatal(err)
+	}
+	want := uint32(xbpf.XvsXvsVerdictXVS_V_MAX)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: xbpf.XvsMapXvsVerdicts, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16, MaxEntries: want - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(cfg.PinPath, xbpf.XvsMapXvsVerdicts)); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	objs, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("load over the shorter verdict counters: %v", err)
+	}
+	defer objs.Close()
+	if n := objs.XvsVerdicts.MaxEntries(); n != want {
+		t.Fatalf("verdict counters of %d entries, want %d", n, want)
+	}
+}

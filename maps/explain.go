@@ -549,6 +549,7 @@ var verdictReasons = map[string]string{
 	"drop_snat_ports_exhausted":   "no masquerade port free towards that backend: dropped",
 	"reject_frag_needed":          "too big for the path to the backend and may not be fragmented: answered with frag-needed",
 	"pass_frag_needed":            "too big for the path to the backend: left to the stack to fragment",
+	"pass_draining":               "xvs is draining (xvs cleanup --drain): a new flow is left to the node's netfilter rules",
 }
 
 // Reason is the verdict in words.

@@ -109,6 +109,7 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_PASS_FRAG_NEEDED:    "pass_frag_needed",
 	xbpf.XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED:  "reject_frag_needed",
 	xbpf.XvsXvsVerdictXVS_V_REPLY_ICMP:          "reply_icmp_error",
+	xbpf.XvsXvsVerdictXVS_V_PASS_DRAINING:       "pass_draining",
 }
 
 // VerdictName is the metric/listing name of a verdict.

@@ -100,6 +100,12 @@ static __always_inline bool cfg_netfilter(const struct xvs_config *c)
 	return c->flags & XVS_CFG_NETFILTER;
 }
 
+/* New flows are not xvs's any more (XVS_CFG_DRAIN). */
+static __always_inline bool cfg_draining(const struct xvs_config *c)
+{
+	return c->flags & XVS_CFG_DRAIN;
+}
+
 /* Something is reverse-NATed at egress: hostNetwork endpoints, or
  * netfilter mode. */
 static __always_inline bool cfg_needs_egress(const struct xvs_config *c)

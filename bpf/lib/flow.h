@@ -665,12 +665,17 @@ static __always_inline int flow_new(void *ctx, const struct xvs_pkt *p, struct f
 	__u32 zero = 0;
 	bool pod;
 
-	svc = flow_frontend(p, key);
-	if (!svc)
-		return flow_no_service(p, verdict);
 	cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
 	if (!cfg)
 		cfg = &no_config;
+	if (cfg_draining(cfg)) {
+		/* Every decision on a new flow is the other proxy's now. */
+		*verdict = XVS_V_PASS_DRAINING;
+		return XVS_ACT_PASS;
+	}
+	svc = flow_frontend(p, key);
+	if (!svc)
+		return flow_no_service(p, verdict);
 	pod = cfg_detects_local(cfg) && lpm_match(&xvs_pod_cidrs, p->family, p->saddr, p->family);
 
 	int act = flow_admit(p, key, &svc, pod, verdict);

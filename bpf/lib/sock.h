@@ -101,7 +101,7 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	const struct xvs_config *cfg = sock_config(ctx);
 	__u8 proto = ctx->protocol;
 
-	if (!cfg || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
+	if (!cfg || cfg_draining(cfg) || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
 		return SOCK_ALLOW;
 
 	struct xvs_pkt p = {

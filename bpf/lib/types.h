@@ -236,6 +236,10 @@ enum xvs_config_flags {
 	 * their translated addresses (XVS_CT_F_NETFILTER) instead of being
 	 * redirected past them. */
 	XVS_CFG_NETFILTER = 1 << 3,
+	/* Draining (xvs cleanup --drain): the flows xvs has go on, new ones
+	 * are left untouched, for the node's netfilter rules (kube-proxy's,
+	 * on the way back to it) to serve. */
+	XVS_CFG_DRAIN = 1 << 4,
 };
 
 /* Source ports a new flow may take: span ports from min, stepping over
@@ -417,6 +421,7 @@ enum xvs_verdict {
 	XVS_V_PASS_FRAG_NEEDED,	   /* too big for the egress MTU, may fragment: the stack's */
 	XVS_V_REJECT_FRAG_NEEDED,  /* too big for the egress MTU: ICMP frag-needed sent */
 	XVS_V_REPLY_ICMP,	   /* an ICMP error about a flow, translated for its client */
+	XVS_V_PASS_DRAINING,	   /* a new flow while xvs drains: left to the node's netfilter */
 	XVS_V_MAX,
 };
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -9,8 +10,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -179,10 +182,17 @@ func runCleanup(args []string) error {
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
 	ic := ipvsListFlags(fs)
 	servicesFile := fs.String("services-file", "", "the agent's --services-file (default /run/xvs/services-<netns inode>.json)")
+	drain := fs.Duration("drain", 0, "ebpf mode, on the way back to kube-proxy: first leave new flows to the node's netfilter rules (kube-proxy's) and wait up to this long for xvs's own flows to end; 0 removes everything at once")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	err := errors.Join(agent.CleanupPins(*pinPath), agent.RemoveServicesFile(*servicesFile))
+	remove := agent.CleanupPins
+	if *drain > 0 {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		remove = func(pinPath string) error { return agent.DrainPins(ctx, slog.Default(), pinPath, *drain) }
+	}
+	err := errors.Join(remove(*pinPath), agent.RemoveServicesFile(*servicesFile))
 	// The IPVS mode's virtual servers (only those xvs created), VIPs and rules.
 	if ipvs.HasState(*ic) {
 		err = errors.Join(err, ipvs.Cleanup(*ic))

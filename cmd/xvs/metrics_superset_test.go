@@ -141,8 +141,9 @@ healthzBindAddress: 127.0.0.1:10266
 			t.Logf("kube-proxy log:\n%s", b)
 		}
 	})
-	// It has synced once its sync timestamp is there.
-	deadline := time.Now().Add(60 * time.Second)
+	// It has synced once its sync timestamp is there (2 min: the VM
+	// guest under emulation starts it slowly).
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		code, _, body, err := nsGet(w.Node.NS, "http://127.0.0.1:10259/metrics")
 		if err == nil && code == 200 && strings.Contains(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{") {

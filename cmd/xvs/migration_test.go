@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/harness"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // The switch from kube-proxy to xvs as docs/migration.md describes it, with
@@ -364,6 +367,32 @@ func TestPrivIPVSMigration(t *testing.T) {
 	testMigration(t, ipvsShape())
 }
 
+// defaultRoute gives the node namespace a default route, as nodes have
+// (see testMigration).
+func (w *kubeWorld) defaultRoute(t *testing.T) {
+	t.Helper()
+	if out, err := lab.Run(w.Node.NS, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+}
+
+// switchFromKubeProxy stops the real kube-proxy (its state stays, as when
+// its DaemonSet is scheduled away, and still serves the flows), then
+// starts xvs and waits until it serves the Service.
+func (w *kubeWorld) switchFromKubeProxy(t *testing.T, kp *lab.Process, flows *migrationFlows) {
+	t.Helper()
+	if err := kp.Stop(5 * time.Second); err != nil {
+		t.Fatalf("stopping kube-proxy: %v", err)
+	}
+	for _, h := range flows.streams {
+		if _, err := h.Check(10 * time.Second); err != nil {
+			t.Fatalf("with kube-proxy stopped, its state still serves: %v", err)
+		}
+	}
+	w.startKubeAgent(t)
+	w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+}
+
 // TestPrivIPVSKubeProxyMigration: from the real kube-proxy v1.37 in IPVS
 // mode (the VM rig, whose kernels have IPVS; the rig hands the guest the
 // API server and kube-proxy binaries), as TestPrivKubeProxyMigration does
@@ -380,24 +409,13 @@ func TestPrivIPVSKubeProxyMigration(t *testing.T) {
 	kpBin := kubeProxyBin(t)
 	w := newKubeWorld(t)
 	ns := w.Node.NS
-	if out, err := lab.Run(ns, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	w.defaultRoute(t)
 	kp := startKubeProxy(t, w, kpBin, "ipvs")
 	if out, err := lab.Run(ns, "ipvsadm", "-Ln"); err != nil || !strings.Contains(string(out), harness.DemoVIP.String()+":80") {
 		t.Fatalf("kube-proxy's virtual servers (%v):\n%s", err, out)
 	}
 	flows := startMigrationFlows(t, w.Single, ipvsShape().through)
-	if err := kp.Stop(5 * time.Second); err != nil {
-		t.Fatalf("stopping kube-proxy: %v", err)
-	}
-	for _, h := range flows.streams {
-		if _, err := h.Check(10 * time.Second); err != nil {
-			t.Fatalf("with kube-proxy stopped, its virtual servers still serve: %v", err)
-		}
-	}
-	w.startKubeAgent(t)
-	w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+	w.switchFromKubeProxy(t, kp, flows)
 	out, _ := lab.Run(ns, kpBin, "--cleanup")
 	if vs, _ := lab.Run(ns, "ipvsadm", "-Ln"); strings.Contains(string(vs), harness.DemoVIP.String()) {
 		t.Errorf("kube-proxy --cleanup left its virtual servers: %s\n%s", out, vs)
@@ -406,6 +424,94 @@ func TestPrivIPVSKubeProxyMigration(t *testing.T) {
 		t.Errorf("kube-proxy --cleanup left %s: %s", ipvs.DefaultDevice, out)
 	}
 	flows.verdict(t, w.Single, true, false)
+}
+
+// TestPrivKubeProxyDrainBack: the way back, from xvs to the real
+// kube-proxy v1.37 (nftables), without cutting a connection. xvs serves
+// three streams and a UDP client that keeps its port; its agent stops (the
+// pinned programs go on); kube-proxy starts; `xvs cleanup --drain` leaves
+// every new flow to kube-proxy's rules while xvs's own carry on, with
+// every byte; once they end it removes the BPF datapath by itself, well
+// before its deadline, and kube-proxy alone serves.
+func TestPrivKubeProxyDrainBack(t *testing.T) {
+	kpBin := kubeProxyBin(t)
+	w := newKubeWorld(t)
+	ns := w.Node.NS
+	w.defaultRoute(t)
+	// Short UDP timeouts: a UDP flow is open until it times out.
+	w.startKubeAgent(t, "--conntrack-udp-timeout=3s", "--conntrack-udp-timeout-stream=3s")
+	w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+	xvsFlows := func(client netip.AddrPort) (bool, error) {
+		m, err := maps.OpenPinned(w.PinPath)
+		if err != nil {
+			return false, err
+		}
+		defer m.Close()
+		cs, err := m.Connections(maps.ConnectionFilter{Source: client})
+		return len(cs) > 0, err
+	}
+	flows := startMigrationFlows(t, w.Single, func(_ *lab.NS, client netip.AddrPort, _ uint8) (bool, error) { return xvsFlows(client) })
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatalf("stopping the agent: %v", err)
+	}
+	startKubeProxy(t, w, kpBin, "nftables")
+
+	drain, err := lab.Start(ns, filepath.Join(t.TempDir(), "drain.log"), w.Bin, "cleanup", "--pin-path", w.PinPath, "--drain", "90s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	drainStart := time.Now()
+	t.Cleanup(func() { drain.Stop(time.Second) })
+	time.Sleep(time.Second)
+	for _, h := range flows.streams {
+		if _, err := h.Check(10 * time.Second); err != nil {
+			t.Fatalf("an xvs stream while draining: %v", err)
+		}
+	}
+	// A new connection is kube-proxy's: netfilter translates it, xvs
+	// leaves it.
+	tr, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), netip.AddrPortFrom(harness.DemoVIP, 80),
+		lab.TransferSpec{Download: 2 << 20, Upload: 256 << 10})
+	if err != nil {
+		t.Fatalf("a new connection while draining: %v", err)
+	}
+	if ours, err := xvsFlows(tr.Client); err != nil || ours {
+		t.Fatalf("the new connection %s is in xvs's conntrack (%v): drain must leave it to kube-proxy", tr.Client, err)
+	}
+	if out, err := lab.Run(ns, "conntrack", "-L", "-p", "tcp", "--sport", strconv.Itoa(int(tr.Client.Port())), "--orig-dst", harness.DemoVIP.String()); err != nil || !strings.Contains(string(out), "dport=80") {
+		t.Fatalf("the new connection is not in netfilter's conntrack with kube-proxy's DNAT (%v):\n%s", err, out)
+	}
+	if _, err := os.Stat(w.PinPath); err != nil {
+		t.Fatalf("the BPF datapath went while its flows were open: %v", err)
+	}
+	// xvs's flows end: every byte arrived, then the drain finishes.
+	for _, h := range flows.streams {
+		st, err := h.Check(10 * time.Second)
+		if err != nil {
+			t.Fatalf("an xvs stream before its end: %v", err)
+		}
+		t.Logf("stream %s -> %s: %d bytes intact (sha256 %s...)", h.Local, h.Server.Local, st.Bytes, st.SHA256[:12])
+		h.Close()
+	}
+	if _, err := flows.udp.Await(time.Now(), 5*time.Second, flows.first.Server.Local); err != nil {
+		t.Fatalf("the UDP client while draining left its backend: %v", err)
+	}
+	flows.udp.Close()
+	if err := drain.Wait(60 * time.Second); err != nil {
+		log, _ := os.ReadFile(drain.Log)
+		t.Fatalf("xvs cleanup --drain: %v\n%s", err, log)
+	}
+	log, _ := os.ReadFile(drain.Log)
+	if !strings.Contains(string(log), "Drained") || time.Since(drainStart) > 80*time.Second {
+		t.Fatalf("the drain ran out its time instead of ending with the flows (%v):\n%s", time.Since(drainStart), log)
+	}
+	if _, err := os.Stat(w.PinPath); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the BPF datapath is still pinned after the drain: %v", err)
+	}
+	if _, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), netip.AddrPortFrom(harness.DemoVIP, 80),
+		lab.TransferSpec{Download: 4 << 20, Upload: 1 << 20}); err != nil {
+		t.Fatalf("kube-proxy alone after the drain: %v", err)
+	}
 }
 
 // TestPrivKubeProxyMigration: from the real kube-proxy v1.37 (make
@@ -420,10 +526,7 @@ func TestPrivKubeProxyMigration(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			w := newKubeWorld(t)
 			ns := w.Node.NS
-			// A node has a default route (see testMigration).
-			if out, err := lab.Run(ns, "ip", "route", "add", "default", "via", harness.DemoClientIP.String(), "dev", w.Client.NodeIface, "onlink"); err != nil {
-				t.Fatalf("%v: %s", err, out)
-			}
+			w.defaultRoute(t)
 			kp := startKubeProxy(t, w, kpBin, mode)
 			cleanup := func() {
 				out, _ := lab.Run(ns, kpBin, "--cleanup")
@@ -432,16 +535,7 @@ func TestPrivKubeProxyMigration(t *testing.T) {
 				}
 			}
 			flows := startMigrationFlows(t, w.Single, iptablesShape(false).through)
-			if err := kp.Stop(5 * time.Second); err != nil {
-				t.Fatalf("stopping kube-proxy: %v", err)
-			}
-			for _, h := range flows.streams {
-				if _, err := h.Check(10 * time.Second); err != nil {
-					t.Fatalf("with kube-proxy stopped, its rules still serve: %v", err)
-				}
-			}
-			w.startKubeAgent(t)
-			w.waitBackends(t, harness.DemoVIP, 80, len(harness.DemoPodIPs), 60*time.Second)
+			w.switchFromKubeProxy(t, kp, flows)
 			cleanup()
 			flows.verdict(t, w.Single, true, false)
 		})
