@@ -23,7 +23,7 @@ CACHE=${XVS_VM_CACHE:-/var/cache/xvs/vm}
 export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 
 # Host packages whose binaries (with their shared libraries) make the guest userland.
-DEB_PKGS=(qemu-system-x86 xz-utils busybox-static ipvsadm ipset kmod iproute2 iptables nftables conntrack util-linux cpio)
+DEB_PKGS=(qemu-system-x86 xz-utils busybox-static ipvsadm ipset netbase kmod iproute2 iptables nftables conntrack util-linux cpio)
 # Binaries copied into the guest, with the libraries ldd lists for them.
 GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/conntrack
 	/usr/bin/nsenter /usr/bin/unshare /usr/bin/kmod /usr/sbin/xtables-nft-multi)
@@ -178,6 +178,8 @@ cmd_image() {
 	echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
 	echo "root:x:0:" >"$root/etc/group"
 	printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+	# Protocol names (getprotobyname): ipset's "udp:53" entries, kube-proxy's.
+	cp /etc/protocols "$root/etc/protocols"
 	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img.tmp"
 	mv "$img.tmp" "$img"
 	# Images of this kernel from older versions of the rig, unused for a day.
