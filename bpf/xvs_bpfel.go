@@ -227,8 +227,9 @@ type XvsXvsFragPorts struct {
 type XvsXvsHook uint32
 
 const (
-	XvsXvsHookXVS_HOOK_TC  XvsXvsHook = 1
-	XvsXvsHookXVS_HOOK_XDP XvsXvsHook = 2
+	XvsXvsHookXVS_HOOK_TC   XvsXvsHook = 1
+	XvsXvsHookXVS_HOOK_XDP  XvsXvsHook = 2
+	XvsXvsHookXVS_HOOK_SOCK XvsXvsHook = 3
 )
 
 type XvsXvsIfAddrs struct {

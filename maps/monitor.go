@@ -34,7 +34,7 @@ type Event struct {
 	// Service traffic.
 	Destination netip.AddrPort `json:"destination"`
 	Device      string         `json:"device"`
-	Hook        string         `json:"hook"` // tc or xdp
+	Hook        string         `json:"hook"` // tc, xdp, or socket (a host process's connect or sendmsg)
 	Length      uint32         `json:"length"`
 	TCPFlags    string         `json:"tcpFlags,omitempty"`
 }
@@ -143,15 +143,22 @@ func (m *Monitor) decode(raw xbpf.Event) Event {
 		Protocol:    model.Protocol(raw.Proto).String(),
 		Source:      netip.AddrPortFrom(decodeAddr(raw.Saddr, raw.Family), ntohs(raw.Sport)),
 		Destination: netip.AddrPortFrom(decodeAddr(raw.Daddr, raw.Family), ntohs(raw.Dport)),
-		Device:      m.device(raw.Ifindex),
 		Hook:        "tc",
 		Length:      raw.Len,
 	}
-	if strings.HasPrefix(reason, "reject_") {
+	if strings.HasPrefix(reason, "reject_") || xbpf.Verdict(raw.Verdict) == xbpf.XvsXvsVerdictXVS_V_SOCK_REFUSED {
 		ev.Type = "reject"
 	}
-	if xbpf.Hook(raw.Hook) == xbpf.XvsXvsHookXVS_HOOK_XDP {
+	switch xbpf.Hook(raw.Hook) {
+	case xbpf.XvsXvsHookXVS_HOOK_XDP:
 		ev.Hook = "xdp"
+	case xbpf.XvsXvsHookXVS_HOOK_SOCK:
+		// A host process's connect() or sendmsg(): no device, no packet
+		// yet; the source is the node's address, port 0.
+		ev.Hook = "socket"
+	}
+	if ev.Hook != "socket" {
+		ev.Device = m.device(raw.Ifindex)
 	}
 	if raw.Proto == uint8(model.TCP) {
 		ev.TCPFlags = tcpFlags(raw.TcpFlags)

@@ -17,6 +17,7 @@
 #include "lb.h"
 #include "flags.h"
 #include "maps.h"
+#include "monitor.h"
 #include "stats.h"
 #include "types.h"
 
@@ -87,9 +88,20 @@ static __always_inline void sock_set(struct bpf_sock_addr *ctx, bool v6, const _
 	ctx->user_port = port;
 }
 
-static __always_inline int sock_fail(__u32 v, int err)
+/* Fail the socket call as the packet path would treat its first packet;
+ * `xvs monitor` sees it with the node's address as source and port 0 (the
+ * socket has none yet). */
+static __always_inline int sock_fail(const struct xvs_pkt *p, __u32 v, int err)
 {
+	struct flow_scratch *sc = flow_scratch_get();
+
 	stats_verdict(v, 0);
+	if (sc) {
+		__builtin_memcpy(&sc->pkt, p, sizeof(sc->pkt));
+		sc->res.now = 0;
+		sc->res.len = 0;
+		monitor_event(v, XVS_HOOK_SOCK);
+	}
 	bpf_set_retval(-err);
 	return SOCK_DENY;
 }
@@ -139,16 +151,16 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	case XVS_ACT_NEW:
 		break;
 	case XVS_ACT_REJECT:
-		return sock_fail(XVS_V_SOCK_REFUSED, ECONNREFUSED);
+		return sock_fail(&p, XVS_V_SOCK_REFUSED, ECONNREFUSED);
 	default:
-		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+		return sock_fail(&p, XVS_V_SOCK_DROPPED, ETIMEDOUT);
 	}
 
 	__u32 backend_id = 0;
 	struct xvs_backend *be = flow_choose(&p, &key, svc, bpf_ktime_get_ns(), &backend_id);
 
 	if (!be)
-		return sock_fail(XVS_V_SOCK_DROPPED, ETIMEDOUT);
+		return sock_fail(&p, XVS_V_SOCK_DROPPED, ETIMEDOUT);
 
 	struct xvs_sock_value fwd = {.port = be->port}, rev = {.port = p.dport};
 

@@ -432,12 +432,13 @@ enum xvs_verdict {
 	 (1u << XVS_V_DROP_INVALID) | (1u << XVS_V_DROP_REWRITE) | (1u << XVS_V_DROP_REJECT_FAILED) |        \
 	 (1u << XVS_V_DROP_SOURCE_RANGE) | (1u << XVS_V_REJECT_WRONG_PORT) |                                 \
 	 (1u << XVS_V_DROP_UNALLOCATED) | (1u << XVS_V_DROP_SNAT_EXHAUSTED) |                                \
-	 (1u << XVS_V_REJECT_FRAG_NEEDED))
+	 (1u << XVS_V_REJECT_FRAG_NEEDED) | (1u << XVS_V_SOCK_REFUSED) | (1u << XVS_V_SOCK_DROPPED))
 
 /* Where an event was raised. */
 enum xvs_hook {
 	XVS_HOOK_TC = 1, /* tc ingress or egress */
 	XVS_HOOK_XDP,
+	XVS_HOOK_SOCK, /* a host socket's connect() or sendmsg() */
 };
 
 /* One drop or reject, as `xvs monitor` reads it from the xvs_events ring:

@@ -115,9 +115,12 @@ func monitorLoop(m *maps.Monitor, out io.Writer, typ, output string, count int, 
 		if ev.TCPFlags != "" {
 			flags = " [" + ev.TCPFlags + "]"
 		}
-		if _, err := fmt.Fprintf(out, "%s %-6s %-28s %s %s -> %s%s dev %s (%s) %d bytes\n",
-			ev.Time.Format("15:04:05.000000"), ev.Type, ev.Reason, ev.Protocol, ev.Source, ev.Destination, flags,
-			ev.Device, ev.Hook, ev.Length); err != nil {
+		where := fmt.Sprintf("dev %s (%s) %d bytes", ev.Device, ev.Hook, ev.Length)
+		if ev.Hook == "socket" {
+			where = "(a host socket's connect or sendmsg)"
+		}
+		if _, err := fmt.Fprintf(out, "%s %-6s %-28s %s %s -> %s%s %s\n",
+			ev.Time.Format("15:04:05.000000"), ev.Type, ev.Reason, ev.Protocol, ev.Source, ev.Destination, flags, where); err != nil {
 			return n, err
 		}
 	}

@@ -107,6 +107,11 @@ func TestPrivMonitor(t *testing.T) {
 	if r := lab.ProbeUDP(w.Client, harness.DemoClientIP, vip(53), 2*time.Second); r.Verdict != lab.Refused {
 		t.Fatalf("UDP to the Service without endpoints: %v, want REFUSED", r)
 	}
+	// A process of the node itself: the socket-level balancer refuses
+	// its connect(), before any packet.
+	if _, err := lab.Transfer(w.Node.NS, netip.AddrPortFrom(harness.DemoNodeIP, 0), vip(80), lab.TransferSpec{Download: 1 << 10, Connect: time.Second, Timeout: 5 * time.Second}); lab.Classify(err) != lab.Refused {
+		t.Fatalf("the node to the Service without endpoints: %v, want REFUSED", err)
+	}
 	evs, summary := monitorEvents(t, p, log)
 	t.Logf("%d events:", len(evs))
 	for _, ev := range evs {
@@ -141,6 +146,11 @@ func TestPrivMonitor(t *testing.T) {
 		if want.proto == "TCP" && ev.TCPFlags != "SYN" {
 			t.Errorf("event %+v: want the SYN", *ev)
 		}
+	}
+	if ev := find("host_socket_refused", netip.AddrPortFrom(harness.DemoNodeIP, 0), vip(80), "TCP"); ev == nil {
+		t.Errorf("no host_socket_refused event for the node's connect() to %s", vip(80))
+	} else if ev.Type != "reject" || ev.Hook != "socket" || ev.Device != "" {
+		t.Errorf("event %+v: want type reject, hook socket, no device", *ev)
 	}
 	for _, ev := range evs {
 		if ev.Source == client(40000) {
