@@ -70,7 +70,9 @@ func runMonitor(args []string) error {
 }
 
 // monitorLoop prints events until count (if set) are printed, timeout (if
-// set) passes or stop closes; it returns how many it printed.
+// set) passes or stop closes; it returns how many it printed. Stopped, it
+// still prints what the ring already holds: an event of the moment before
+// the Ctrl-C is not lost.
 func monitorLoop(m *maps.Monitor, out io.Writer, typ, output string, count int, timeout time.Duration, stop <-chan struct{}) (int, error) {
 	var end time.Time
 	if timeout > 0 {
@@ -78,21 +80,27 @@ func monitorLoop(m *maps.Monitor, out io.Writer, typ, output string, count int, 
 	}
 	enc := json.NewEncoder(out)
 	n := 0
+	stopping := false
 	for count == 0 || n < count {
-		select {
-		case <-stop:
-			return n, nil
-		default:
+		if !stopping {
+			select {
+			case <-stop:
+				stopping = true
+			default:
+			}
 		}
 		// Wake up at least every half second to notice a signal.
 		deadline := time.Now().Add(500 * time.Millisecond)
 		if !end.IsZero() && end.Before(deadline) {
 			deadline = end
 		}
+		if stopping {
+			deadline = time.Now() // what is there, without waiting
+		}
 		ev, err := m.Read(deadline)
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if !end.IsZero() && !time.Now().Before(end) {
+			if stopping || !end.IsZero() && !time.Now().Before(end) {
 				return n, nil
 			}
 			continue
