@@ -117,7 +117,8 @@ func TestPrivIPVSKernel(t *testing.T) {
 			t.Errorf("%s = %s, want %s", path, got, want)
 		}
 	}
-	rules := run(t, ns, "nft", "list", "table", "ip", TableName)
+	// -p: protocols as numbers, whether or not the node has /etc/protocols.
+	rules := run(t, ns, "nft", "-p", "list", "table", "ip", TableName)
 	for _, want := range []string{"10.96.0.10 . 6 . 80", "10.96.0.10 . 17 . 53", "masquerade", "reject", "203.0.113.7 . 6 . 80 . 192.0.2.0/24"} {
 		if !strings.Contains(rules, want) {
 			t.Errorf("nft table lacks %q:\n%s", want, rules)
