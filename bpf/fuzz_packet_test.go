@@ -117,11 +117,13 @@ func TestPrivPacketFuzz(t *testing.T) {
 type fuzzStats struct {
 	untouched, forward, masq, reverse, reject, drop, malformed, corrupt int
 	malformedTranslated                                                 int
+	// ICMP and ICMPv6 errors whose quote was translated back.
+	icmpErrors int
 }
 
 func (s fuzzStats) String() string {
-	return fmt.Sprintf("%d passed untouched, %d translated to a backend (%d of them masqueraded), %d reverse-translated, %d answered (REJECT), %d dropped; %d malformed inputs, %d inputs with a bad checksum",
-		s.untouched, s.forward, s.masq, s.reverse, s.reject, s.drop, s.malformed, s.corrupt)
+	return fmt.Sprintf("%d passed untouched, %d translated to a backend (%d of them masqueraded), %d reverse-translated (%d of them ICMP errors), %d answered (REJECT), %d dropped; %d malformed inputs, %d inputs with a bad checksum",
+		s.untouched, s.forward, s.masq, s.reverse, s.icmpErrors, s.reject, s.drop, s.malformed, s.corrupt)
 }
 
 type fkey struct {
@@ -141,6 +143,9 @@ type fuzzWorld struct {
 	node      netip.Addr
 	backendIP map[netip.Addr]bool
 	frontIP   map[netip.Addr]bool
+	// flowClients: the sources of the flows translated so far (a
+	// corrupted byte makes new ones).
+	flowClients map[netip.Addr]bool
 	// onForward hears of each forward translation (the generator's
 	// replies).
 	onForward func(proto layers.IPProtocol, out fuzzPacket)
@@ -208,6 +213,12 @@ func (w *fuzzWorld) concerns(src, dst netip.Addr) bool {
 	return false
 }
 
+// isClient: a is one of the world's clients, or the source of a flow
+// translated so far.
+func (w *fuzzWorld) isClient(a netip.Addr) bool {
+	return slices.Contains(w.clients, a) || w.flowClients[a]
+}
+
 // addrsOK judges a translation by its addresses alone, for what has no
 // ports: an ICMP message (whose quoted packet is translated too, so its
 // payload changes) or a later fragment. A new destination is a backend
@@ -216,7 +227,7 @@ func (w *fuzzWorld) concerns(src, dst netip.Addr) bool {
 // the sender is a backend of, or the node's.
 func (w *fuzzWorld) addrsOK(in, out fuzzPacket) bool {
 	if out.dst.Addr() != in.dst.Addr() {
-		ok := in.dst.Addr() == w.node && slices.Contains(w.clients, out.dst.Addr())
+		ok := in.dst.Addr() == w.node && w.isClient(out.dst.Addr())
 		for k, bes := range w.backends {
 			if k.addr.Addr() == in.dst.Addr() && slices.ContainsFunc(bes, func(b netip.AddrPort) bool { return b.Addr() == out.dst.Addr() }) {
 				ok = true
@@ -238,6 +249,74 @@ func (w *fuzzWorld) addrsOK(in, out fuzzPacket) bool {
 		}
 	}
 	return true
+}
+
+// quoteOf reads the packet an ICMP or ICMPv6 error quotes (its payload
+// after the 8-byte ICMP header): protocol, source and destination.
+func quoteOf(payload []byte) (proto layers.IPProtocol, src, dst netip.AddrPort, ok bool) {
+	var sa, da netip.Addr
+	var l4 []byte
+	switch {
+	case len(payload) >= 28 && payload[0]>>4 == 4 && payload[0]&0xf == 5:
+		proto = layers.IPProtocol(payload[9])
+		sa, da = netip.AddrFrom4([4]byte(payload[12:16])), netip.AddrFrom4([4]byte(payload[16:20]))
+		l4 = payload[20:28]
+	case len(payload) >= 48 && payload[0]>>4 == 6:
+		proto = layers.IPProtocol(payload[6])
+		sa, da = netip.AddrFrom16([16]byte(payload[8:24])), netip.AddrFrom16([16]byte(payload[24:40]))
+		l4 = payload[40:48]
+	default:
+		return 0, src, dst, false
+	}
+	src = netip.AddrPortFrom(sa, binary.BigEndian.Uint16(l4))
+	dst = netip.AddrPortFrom(da, binary.BigEndian.Uint16(l4[2:]))
+	return proto, src, dst, true
+}
+
+// quoteOK judges a translated ICMP error by its quote. About a request:
+// the packet it quoted went to a backend, and now goes to a frontend of
+// that backend (whose protocol it keeps), from a client or the node.
+// About a reply: it came from a frontend, and now comes from a backend of
+// that frontend, to the same client or to the node (the masquerade
+// address). Nothing past the quoted headers changes.
+func (w *fuzzWorld) quoteOK(din, dout fuzzPacket) string {
+	pin, sin, din_, ok1 := quoteOf(din.payload)
+	pout, sout, dout_, ok2 := quoteOf(dout.payload)
+	if !ok1 || !ok2 {
+		if !bytes.Equal(din.payload, dout.payload) {
+			return "an ICMP message without a quote of ours changed its payload"
+		}
+		return ""
+	}
+	if pin != pout {
+		return fmt.Sprintf("the quote's protocol changed from %d to %d", pin, pout)
+	}
+	if sin == sout && din_ == dout_ {
+		return ""
+	}
+	switch {
+	case slices.Contains(w.backends[fkey{pout, dout_}], din_):
+		// About a request: client -> backend became client -> frontend.
+		if sout != sin && sin.Addr() != w.node && !w.isClient(sout.Addr()) {
+			return fmt.Sprintf("the quote's source %s became %s", sin, sout)
+		}
+	case slices.Contains(w.backends[fkey{pin, sin}], sout):
+		// About a reply: frontend -> client became backend -> client (or
+		// the masquerade address).
+		if dout_ != din_ && dout_.Addr() != w.node {
+			return fmt.Sprintf("the quote's destination %s became %s", din_, dout_)
+		}
+	default:
+		return fmt.Sprintf("the quote %s -> %s was translated to %s -> %s: neither a backend's frontend nor a frontend's backend", sin, din_, sout, dout_)
+	}
+	n := 28
+	if sin.Addr().Is6() {
+		n = 48
+	}
+	if !bytes.Equal(din.payload[n:], dout.payload[n:]) {
+		return "the ICMP error's payload past the quoted headers changed"
+	}
+	return ""
 }
 
 // check judges one outcome; "" is fine.
@@ -289,7 +368,12 @@ func (w *fuzzWorld) check(hook string, ret uint32, in, out []byte, s *fuzzStats)
 		return "rewrote a malformed packet"
 	}
 	if !w.concerns(din.src.Addr(), din.dst.Addr()) {
-		return "rewrote a packet that concerns no frontend, backend or owned range"
+		// An ICMP error from a router on the way concerns the flow it
+		// quotes.
+		_, qs, qd, ok := quoteOf(din.payload)
+		if !isICMP(din.proto) || !ok || !w.concerns(qs.Addr(), qd.Addr()) {
+			return "rewrote a packet that concerns no frontend, backend or owned range"
+		}
 	}
 	if din.sumsOK && !dout.sumsOK {
 		return "the output's checksums are wrong: " + dout.sumNote
@@ -300,6 +384,12 @@ func (w *fuzzWorld) check(hook string, ret uint32, in, out []byte, s *fuzzStats)
 		}
 		if din.laterFrag && !bytes.Equal(din.payload, dout.payload) {
 			return "a later fragment's payload changed"
+		}
+		if isICMP(din.proto) && !din.laterFrag {
+			if msg := w.quoteOK(din, dout); msg != "" {
+				return msg
+			}
+			s.icmpErrors++
 		}
 		s.reverse++
 		return ""
@@ -331,6 +421,10 @@ func (w *fuzzWorld) checkAddrs(din, dout fuzzPacket, s *fuzzStats) string {
 			s.masq++
 		}
 		s.forward++
+		if w.flowClients == nil {
+			w.flowClients = map[netip.Addr]bool{}
+		}
+		w.flowClients[din.src.Addr()] = true
 		if w.onForward != nil {
 			w.onForward(din.proto, dout)
 		}
@@ -419,7 +513,10 @@ func parseFuzz(b []byte) (fuzzPacket, bool) {
 		src, dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
 		p.proto = layers.IPProtocol(ip[6])
 		if p.proto != layers.IPProtocolTCP && p.proto != layers.IPProtocolUDP && p.proto != layers.IPProtocolICMPv6 {
-			return p, false // extension headers: not judged here
+			// Extension headers, SCTP: not judged here, but an answer
+			// to it (a REJECT) is judged by its addresses.
+			p.src, p.dst = netip.AddrPortFrom(src, 0), netip.AddrPortFrom(dst, 0)
+			return p, false
 		}
 		l4 = ip[40 : 40+plen]
 		p.sumsOK = true
@@ -582,7 +679,7 @@ func (g *packetGen) next() ([]byte, string) {
 	eth := &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nodeMAC}
 	var proto layers.IPProtocol
 	switch r := g.pick(10); {
-	case forceProto != 0 && r != 9:
+	case forceProto != 0 && r < 8:
 		proto = forceProto
 	case r < 5:
 		proto = layers.IPProtocolTCP
@@ -595,6 +692,12 @@ func (g *packetGen) next() ([]byte, string) {
 		}
 	default:
 		proto = layers.IPProtocol(47) // GRE: no L4 the datapath knows
+	}
+	// What an ICMP error quotes: the flow's protocol for a reply (an
+	// error about the flow), else either.
+	quoteProto := forceProto
+	if quoteProto != layers.IPProtocolTCP && quoteProto != layers.IPProtocolUDP {
+		quoteProto = []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP}[g.pick(2)]
 	}
 	if v6 {
 		eth.EthernetType = layers.EthernetTypeIPv6
@@ -643,12 +746,20 @@ func (g *packetGen) next() ([]byte, string) {
 		icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0), Id: uint16(g.rng.Uint32())}
 		if g.pick(2) == 0 {
 			icmp.TypeCode = layers.CreateICMPv4TypeCode(3, uint8(g.pick(5)))
-			payload = quoted(dst, src, []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP}[g.pick(2)], dport, sport)
+			payload = quoted(dst, src, quoteProto, dport, sport)
 		}
 		ls = append(ls, icmp, gopacket.Payload(payload))
 		note += fmt.Sprintf("ICMP %s -> %s %s", src, dst, icmp.TypeCode)
 	case layers.IPProtocolICMPv6:
+		// An echo, or an error (destination unreachable, packet too
+		// big, time exceeded, parameter problem) quoting a flow.
 		icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(128, 0)}
+		if g.pick(2) == 0 {
+			icmp.TypeCode = layers.CreateICMPv6TypeCode(uint8(1+g.pick(4)), 0)
+			// The 4 bytes after type, code and checksum (unused, or the
+			// MTU or pointer) start the payload gopacket writes.
+			payload = append([]byte{0, 0, 5, 0}, quoted(dst, src, quoteProto, dport, sport)...)
+		}
 		icmp.SetNetworkLayerForChecksum(netl)
 		ls = append(ls, icmp, gopacket.Payload(payload))
 		note += fmt.Sprintf("ICMPv6 %s -> %s", src, dst)
@@ -674,9 +785,19 @@ func (g *packetGen) next() ([]byte, string) {
 }
 
 // quoted is the start of a packet from src to dst, as an ICMP error
-// quotes it: the IPv4 header and the first 8 bytes of TCP or UDP.
+// quotes it: the IPv4 or IPv6 header and the first 8 bytes of TCP or UDP.
 func quoted(src, dst netip.Addr, proto layers.IPProtocol, sport, dport uint16) []byte {
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	var ip interface {
+		gopacket.SerializableLayer
+		gopacket.NetworkLayer
+	}
+	n := 20 + 8
+	if src.Is6() {
+		ip = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+		n = 40 + 8
+	} else {
+		ip = &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: proto, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	}
 	var l gopacket.SerializableLayer
 	if proto == layers.IPProtocolTCP {
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), SYN: true, Seq: 1, Window: 65535}
@@ -691,5 +812,5 @@ func quoted(src, dst netip.Addr, proto layers.IPProtocol, sport, dport uint16) [
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ip, l); err != nil {
 		panic(err)
 	}
-	return slices.Clone(buf.Bytes()[:28])
+	return slices.Clone(buf.Bytes()[:n])
 }

@@ -41,6 +41,36 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* Send an ICMP error translated at tc ingress (lib/icmp.h) on the way the
+ * flow's packets in its direction go (tc_forward, without a rewrite): to
+ * the client as the replies (its new source is the frontend, the node's
+ * own address for a NodePort, which the stack would drop as a martian if
+ * it were handed the packet), or to the backend as the requests (through
+ * netfilter in netfilter mode: nf_flags). v is its verdict. */
+static __always_inline int icmp_forward(struct __sk_buff *skb, __u32 l3_off, bool v6, struct xvs_pkt *p,
+					struct flow_res *res, __u32 v, __u32 nf_flags)
+{
+	__builtin_memset(&res->rw, 0, sizeof(res->rw));
+	p->l3_off = l3_off;
+	if (v6) {
+		p->family = XVS_FAMILY_IPV6;
+		p->proto = IPPROTO_ICMPV6;
+		if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr), res->rw.saddr, 16) ||
+		    bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, daddr), res->rw.daddr, 16))
+			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
+	} else {
+		p->family = XVS_FAMILY_IPV4;
+		p->proto = IPPROTO_ICMP;
+		if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct iphdr, saddr), res->rw.saddr, 4) ||
+		    bpf_skb_load_bytes(skb, l3_off + offsetof(struct iphdr, daddr), res->rw.daddr, 4))
+			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
+	}
+	res->verdict = v;
+	int ret = tc_forward(skb, p, &res->rw, &res->verdict, tc_how(skb, nf_flags, 0));
+
+	return verdict(ret, res->verdict, skb);
+}
+
 /* l3: the device has no link-layer header (tun, IPIP, WireGuard): the
  * network header is the packet's start. */
 static __always_inline int handle_ip(struct __sk_buff *skb, bool l3)
@@ -62,6 +92,16 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool l3)
 	case XVS_PARSE_OK:
 		break;
 	case XVS_PARSE_IGNORE:
+		/* Perhaps an ICMP error about one of the flows reverse-NATed
+		 * here (lib/icmp.h). */
+		switch (icmp_error(skb, l3_off, v6, false, &res->nf_flags)) {
+		case ICMP_ABOUT_REQUEST:
+			return icmp_forward(skb, l3_off, v6, p, res, XVS_V_REPLY_ICMP, 0);
+		case ICMP_ABOUT_REPLY:
+			return icmp_forward(skb, l3_off, v6, p, res, XVS_V_FWD_ICMP, res->nf_flags);
+		case -1:
+			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
+		}
 		return verdict(TC_ACT_OK, XVS_V_PASS, skb);
 	case XVS_PARSE_FRAGMENT:
 		return verdict(TC_ACT_OK, XVS_V_PASS_FRAGMENT, skb);
@@ -141,8 +181,12 @@ static __always_inline int handle_egress(struct __sk_buff *skb, bool v6, bool l3
 	case XVS_PARSE_IGNORE:
 		/* Perhaps an ICMP error about one of the flows reverse-NATed
 		 * here (lib/icmp.h). */
-		if (!v6 && icmp_error_egress(skb, l3_off) < 0)
+		switch (icmp_error(skb, l3_off, v6, true, &res->nf_flags)) {
+		case ICMP_ABOUT_REQUEST:
+			return verdict(TC_ACT_OK, XVS_V_REPLY_ICMP, skb);
+		case -1:
 			return verdict(TC_ACT_SHOT, XVS_V_DROP_REWRITE, skb);
+		}
 		return TC_ACT_OK;
 	default:
 		return TC_ACT_OK;

@@ -412,7 +412,8 @@ const (
 	XvsXvsVerdictXVS_V_REJECT_FRAG_NEEDED  XvsXvsVerdict = 22
 	XvsXvsVerdictXVS_V_REPLY_ICMP          XvsXvsVerdict = 23
 	XvsXvsVerdictXVS_V_PASS_DRAINING       XvsXvsVerdict = 24
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 25
+	XvsXvsVerdictXVS_V_FWD_ICMP            XvsXvsVerdict = 25
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 26
 )
 
 type XvsXvsVipKey struct {

@@ -13,6 +13,9 @@ import (
 var (
 	GatewayV4 = netip.MustParseAddr("169.254.1.1")
 	GatewayV6 = netip.MustParseAddr("fe80::1")
+	// routerGatewayV4: the same on a client's own downlink
+	// (AddClientBehind).
+	routerGatewayV4 = netip.MustParseAddr("169.254.2.1")
 )
 
 // Role says what sits behind a node interface; the load balancer attaches
@@ -333,4 +336,94 @@ func (f *Fabric) route(from *Node, dst netip.Prefix) error {
 	}
 	v6 := dst.Addr().Is6()
 	return from.addRoute(dst, fabricAddr(to, v6), dev, from.Primary(v6))
+}
+
+// AddClientBehind creates an external client one router further away: a
+// namespace attached by a veth (router side "downN", client side "eth0")
+// to router, an existing client, which forwards between it and its node.
+// The router's side of the link has MTU mtu (0 keeps the default) while
+// the client's keeps 1500, as with a narrower link on the way: the client
+// announces a full-sized MSS, and the router answers packets too big for
+// the link with ICMP errors from its own address. The router's node routes
+// addr via the router.
+func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int) (*NS, error) {
+	addr = addr.Unmap()
+	if router.Node == nil {
+		return nil, fmt.Errorf("lab: %s is attached to no node", router.Name)
+	}
+	var via netip.Addr
+	for _, a := range router.Addrs {
+		if a.Is6() == addr.Is6() {
+			via = a
+			break
+		}
+	}
+	if !via.IsValid() {
+		return nil, fmt.Errorf("lab: %s has no address of %s's family", router.Name, addr)
+	}
+	if err := l.checkAddrs([]netip.Addr{addr}); err != nil {
+		return nil, err
+	}
+	ns, err := l.newNS(name, KindClient)
+	if err != nil {
+		return nil, err
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	dev := fmt.Sprintf("down%d", len(l.spaces))
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: dev, MTU: mtu},
+		PeerMTU:       1500,
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns.Handle)),
+	}
+	if err := router.nl.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("%s: add veth %s/eth0@%s: %w", router.Name, dev, ns.Name, err)
+	}
+	for _, end := range []struct {
+		ns  *NS
+		dev string
+	}{{router, dev}, {ns, "eth0"}} {
+		link, err := end.ns.nl.LinkByName(end.dev)
+		if err == nil {
+			err = end.ns.nl.LinkSetUp(link)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s up: %w", end.ns.Name, end.dev, err)
+		}
+	}
+	fwd := []string{"net/ipv4/ip_forward", "1", "net/ipv4/conf/all/rp_filter", "0", "net/ipv4/conf/" + dev + "/rp_filter", "0"}
+	if hasIPv6 {
+		fwd = append(fwd, "net/ipv6/conf/all/forwarding", "1")
+	}
+	if err := router.Sysctl(fwd...); err != nil {
+		return nil, err
+	}
+	host := netip.PrefixFrom(addr, addr.BitLen())
+	if err := ns.AddAddr("eth0", host); err != nil {
+		return nil, err
+	}
+	ns.Addrs = append(ns.Addrs, addr)
+	ns.Node, ns.NodeIface = router.Node, router.NodeIface
+	// The client's default route points at a next-hop address on the
+	// router's side, as a client namespace's points at its node (not
+	// the node's own GatewayV4, the router's next hop).
+	gw, def := routerGatewayV4, netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if addr.Is6() {
+		gw, def = GatewayV6, netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	bits := 32
+	if gw.Is6() {
+		bits = 64
+	}
+	if err := router.addAddr(dev, netip.PrefixFrom(gw, bits), netlink.SCOPE_LINK); err != nil {
+		return nil, err
+	}
+	if err := ns.AddRoute(def, gw, "eth0"); err != nil {
+		return nil, err
+	}
+	if err := router.AddRoute(host, netip.Addr{}, dev); err != nil {
+		return nil, err
+	}
+	return ns, router.Node.AddRoute(host, via, router.NodeIface)
 }

@@ -422,6 +422,7 @@ enum xvs_verdict {
 	XVS_V_REJECT_FRAG_NEEDED,  /* too big for the egress MTU: ICMP frag-needed sent */
 	XVS_V_REPLY_ICMP,	   /* an ICMP error about a flow, translated for its client */
 	XVS_V_PASS_DRAINING,	   /* a new flow while xvs drains: left to the node's netfilter */
+	XVS_V_FWD_ICMP,		   /* an ICMP error about a reply, translated for its backend */
 	XVS_V_MAX,
 };
 

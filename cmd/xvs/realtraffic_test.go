@@ -433,6 +433,63 @@ func testRealTrafficPathMTU(t *testing.T, args []string) {
 	}
 }
 
+// TestPrivRealTrafficReplyPathMTU: the narrow link is on the client's side
+// of node A: the client sits one router further away, behind a link of MTU
+// 1400, and announces a full-sized MSS. The backend's full-sized replies
+// cannot cross that link: the router answers them with ICMP frag-needed to
+// the frontend they came from, quoting the reply as it left node A. Node A
+// translates the error back for the backend (the quote's frontend to the
+// backend, the client to the masquerade address where the flow is
+// masqueraded) and sends it there, so the backend's socket learns the path
+// MTU and a 10 MiB download completes through the masqueraded NodePort
+// (the backend on node B), the eTP=Local NodePort and the LB IP (the
+// backend on node A, which already knows the path MTU to the client when
+// the LB IP's turn comes). Without it the download stalls (a PMTU black
+// hole on the reply path). In both netfilter modes: in netfilter mode netfilter
+// applies its own masquerade to the error after xvs.
+func TestPrivRealTrafficReplyPathMTU(t *testing.T) { inBothModes(t, testRealTrafficReplyPathMTU) }
+
+func testRealTrafficReplyPathMTU(t *testing.T, args []string) {
+	farAddr := netip.MustParseAddr("192.0.2.40") // inside the LB's source ranges
+	var far *lab.NS
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
+		var err error
+		far, err = w.Lab.AddClientBehind(w.Client, "far", farAddr, 1400)
+		return err
+	})
+	logVerdicts(t, w)
+	learned := map[[2]netip.Addr]bool{}
+	for _, c := range []struct {
+		name       string
+		dst        netip.AddrPort
+		serve, see netip.Addr
+	}{
+		{"masqueraded NodePort", netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, harness.MultiNodeA},
+		{"eTP=Local NodePort", netip.AddrPortFrom(harness.MultiNodeA, 30081), harness.MultiPodA, farAddr},
+		{"LB IP", netip.AddrPortFrom(harness.MultiLBIP, 80), harness.MultiPodA, farAddr},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before, _ := agentVerdicts(w.Pins["node-a"])
+			r := transfer(t, far, farAddr, c.dst, lab.TransferSpec{Download: 10 * mib, Upload: 1 * mib})
+			if r.Server.Local != netip.AddrPortFrom(c.serve, 8080) || r.Server.Peer.Addr() != c.see {
+				t.Fatalf("served by %s seeing %s, want %s seeing %s", r.Server.Local, r.Server.Peer, c.serve, c.see)
+			}
+			after, err := agentVerdicts(w.Pins["node-a"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := after["forward_icmp_error"] - before["forward_icmp_error"]
+			t.Logf("node A: forward_icmp_error: %d packets", n)
+			// A backend remembers the path MTU to a peer: the first case
+			// of each pair must have asked for it.
+			if n == 0 && !learned[[2]netip.Addr{c.serve, c.see}] {
+				t.Fatal("node A translated no ICMP error about a reply: the path never asked for a smaller MTU")
+			}
+			learned[[2]netip.Addr{c.serve, c.see}] = true
+		})
+	}
+}
+
 // TestPrivRealTrafficL3Device: an external client behind an L3 link (tun
 // devices and a relay: no Ethernet header, as IPIP or WireGuard) moves
 // real data through the masqueraded NodePort, the eTP=Local NodePort
@@ -512,10 +569,14 @@ ports: [{name: udp, port: 9999, protocol: UDP}]
 // connected UDP socket gets ECONNREFUSED, as under kube-proxy: from a pod
 // through the ClusterIP (the endpoint on the other node), from an external
 // client through a masqueraded NodePort (netfilter undoes its masquerade
-// of the quote, xvs its DNAT) and through an eTP=Local NodePort. In the
-// default netfilter mode; bypass mode does not translate ICMP errors yet.
-func TestPrivRealTrafficICMPErrors(t *testing.T) {
-	w := newMultiNodeWorldArgs(t, []string{"--netfilter-mode=pass"}, func(w *harness.Multi) error {
+// of the quote, xvs its DNAT) and through an eTP=Local NodePort. In both
+// netfilter modes: in bypass mode node A's tc ingress translates the error
+// (the quote and, for the masqueraded flow, the destination), in pass mode
+// its tc egress, after netfilter.
+func TestPrivRealTrafficICMPErrors(t *testing.T) { inBothModes(t, testRealTrafficICMPErrors) }
+
+func testRealTrafficICMPErrors(t *testing.T, args []string) {
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		f, err := os.OpenFile(filepath.Join(w.Dir, "lab.yaml"), os.O_APPEND|os.O_WRONLY, 0)
 		if err != nil {
 			return err
