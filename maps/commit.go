@@ -31,12 +31,16 @@ type writeSet struct {
 	// rangesGrown is the same for the source-ranges map.
 	rangesGrown int
 
-	tables     []tableWrite
-	delTables  []xbpf.SchedKey
-	addMembers []xbpf.MemberKey
-	delMembers []xbpf.MemberKey
-	addRanges  []xbpf.LPMKey
-	delRanges  []xbpf.LPMKey
+	tables []tableWrite
+	// builtTables: the tables this sync built, by scheduler and
+	// fingerprint; a Service's addresses (ClusterIP, external and LB
+	// IPs) with the same backends share one build.
+	builtTables map[string][]uint32
+	delTables   []xbpf.SchedKey
+	addMembers  []xbpf.MemberKey
+	delMembers  []xbpf.MemberKey
+	addRanges   []xbpf.LPMKey
+	delRanges   []xbpf.LPMKey
 }
 
 type tableWrite struct {

@@ -322,15 +322,22 @@ func (d *Datapath) planTable(sk xbpf.SchedKey, sched xbpf.Sched, set []tableBack
 	if exists && have.sched == want.sched && have.backends == want.backends {
 		return have.size, nil
 	}
-	var entries []uint32
-	if sched == xbpf.XvsXvsSchedXVS_SCHED_WRR {
+	built := fmt.Sprintf("%d|%s", sched, want.backends)
+	entries, ok := ws.builtTables[built]
+	switch {
+	case ok:
+	case sched == xbpf.XvsXvsSchedXVS_SCHED_WRR:
 		entries = wrrSequence(set)
-	} else {
+	default:
 		var err error
 		if entries, err = maglevTable(set, d.maglevSize); err != nil {
 			return 0, err
 		}
 	}
+	if ws.builtTables == nil {
+		ws.builtTables = map[string][]uint32{}
+	}
+	ws.builtTables[built] = entries
 	want.size = uint32(len(entries))
 	d.tables[sk] = want
 	ws.tables = append(ws.tables, tableWrite{key: sk, entries: entries})

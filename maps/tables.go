@@ -111,6 +111,13 @@ func cmpString(a, b string) int {
 // the weights' gcd, and each step takes, in order, every backend whose
 // weight is at least the current weight. A backend of weight w appears w/gcd
 // times per cycle, interleaved with the others.
+//
+// Between two of the weights that occur the steps take the same backends,
+// so the sequence is built one distinct weight at a time: O(n) per
+// distinct weight plus the sequence's length, which is at least half the
+// square of the distinct weights' count (they are distinct integers); so
+// linear in its length (not in the largest weight times n, 65M steps for
+// one weight of 65535 among 1000).
 func wrrSequence(backends []tableBackend) []uint32 {
 	ws := make([]int, len(backends))
 	total := 0
@@ -132,13 +139,31 @@ func wrrSequence(backends []tableBackend) []uint32 {
 			ws[i] = max(1, int(float64(ws[i])*scale))
 		}
 	}
-	mw := slices.Max(ws)
-	var seq []uint32
-	for cw := mw; cw > 0; cw-- {
+	levels := slices.Clone(ws)
+	slices.Sort(levels)
+	levels = slices.Compact(levels)
+	slices.Reverse(levels)
+	length := 0
+	for _, w := range ws {
+		length += w
+	}
+	seq := make([]uint32, 0, length)
+	active := make([]uint32, 0, len(backends))
+	for li, lw := range levels {
+		// Every step cw in (next, lw] takes the backends weighing lw or
+		// more, in slot order.
+		active = active[:0]
 		for i, b := range backends {
-			if ws[i] >= cw {
-				seq = append(seq, b.id)
+			if ws[i] >= lw {
+				active = append(active, b.id)
 			}
+		}
+		next := 0
+		if li+1 < len(levels) {
+			next = levels[li+1]
+		}
+		for range lw - next {
+			seq = append(seq, active...)
 		}
 	}
 	return seq
