@@ -490,6 +490,92 @@ func testRealTrafficReplyPathMTU(t *testing.T, args []string) {
 	}
 }
 
+// TestPrivRealTrafficVXLANFabric: the nodes' pod networks meet over a
+// VXLAN overlay shaped like flannel's vxlan backend (lab.VXLAN: vxlan0, MTU
+// 1450, static neighbour and forwarding entries, pod CIDRs routed via the
+// peer's overlay address) instead of a plain fabric. Through it, in both
+// netfilter modes: 20 MiB down and 10 MiB up from a pod through the
+// ClusterIP to the remote pod and from an external client through the
+// masqueraded NodePort, the other way from pod B to node A's pod, and UDP;
+// the translated packets enter vxlan0 (redirected by the program in
+// bypass mode, routed by the stack in pass mode) and are encapsulated, and
+// the pods' full-sized segments meet the overlay's smaller MTU.
+func TestPrivRealTrafficVXLANFabric(t *testing.T) { inBothModes(t, testRealTrafficVXLANFabric) }
+
+func testRealTrafficVXLANFabric(t *testing.T, args []string) {
+	var ov *lab.Overlay
+	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
+		var err error
+		if ov, err = w.Lab.VXLAN(w.A, w.B); err != nil {
+			return err
+		}
+		if err := ov.Route(w.A, netip.MustParsePrefix("10.244.1.0/24")); err != nil {
+			return err
+		}
+		return ov.Route(w.B, netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.0/24"))
+	})
+	logVerdicts(t, w)
+	rx0, tx0, err := ov.Stats(w.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name        string
+		ns          *lab.NS
+		src         netip.Addr
+		dst         netip.AddrPort
+		serve, peer netip.Addr
+	}{
+		{"pod A, ClusterIP, remote pod", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80"), harness.MultiPodB, harness.MultiPodA},
+		{"external client, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, harness.MultiNodeA},
+		// Endpoints on both nodes: until one transfer each way reaches
+		// pod A across the overlay; pod B's own (hairpin) connections are
+		// masqueraded to node B.
+		{"pod B, ClusterIP, pod on node A", w.PodB, harness.MultiPodB, netip.MustParseAddrPort("172.30.0.31:80"), harness.MultiPodA, harness.MultiPodB},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, spec := range []lab.TransferSpec{{Download: 20 * mib, Upload: 10 * mib}, {Download: 1, Upload: 1}} {
+				for try := 0; ; try++ {
+					r := transfer(t, c.ns, c.src, c.dst, spec)
+					if r.Server.Local == netip.AddrPortFrom(harness.MultiPodB, 8080) && c.serve == harness.MultiPodA && try < 16 {
+						if r.Server.Peer.Addr() != harness.MultiNodeB {
+							t.Fatalf("%+v: hairpin to %s seeing %s, want node B's address", spec, r.Server.Local, r.Server.Peer)
+						}
+						continue
+					}
+					if r.Server.Local != netip.AddrPortFrom(c.serve, 8080) || r.Server.Peer.Addr() != c.peer {
+						t.Fatalf("%+v: served by %s seeing %s, want %s seeing %s", spec, r.Server.Local, r.Server.Peer, c.serve, c.peer)
+					}
+					break
+				}
+			}
+			for try := 0; ; try++ {
+				r, err := lab.UDPExchange(c.ns, netip.AddrPortFrom(c.src, 0), c.dst, 1200, 2*time.Second)
+				if err == nil && r.Server.Local != netip.AddrPortFrom(c.serve, 8080) && try < 16 {
+					continue
+				}
+				if err != nil || r.Server.Local != netip.AddrPortFrom(c.serve, 8080) {
+					t.Fatalf("UDP: %+v, %v: want the reply of %s", r, err, c.serve)
+				}
+				break
+			}
+		})
+	}
+	rx, tx, err := ov.Stats(w.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In through node A's vxlan0: pod A's download from pod B and pod
+	// B's upload to pod A (30 MiB); the masqueraded NodePort's replies
+	// go to node A's own address, which node B reaches over the
+	// underlay, as on a flannel node. Out: the two uploads to pod B and
+	// pod B's download from pod A (40 MiB).
+	t.Logf("node A vxlan0: %d MiB in, %d MiB out", (rx-rx0)/mib, (tx-tx0)/mib)
+	if rx-rx0 < 29*mib || tx-tx0 < 39*mib {
+		t.Fatalf("node A's vxlan0 carried %d bytes in and %d out: the traffic did not take the overlay", rx-rx0, tx-tx0)
+	}
+}
+
 // TestPrivRealTrafficL3Device: an external client behind an L3 link (tun
 // devices and a relay: no Ethernet header, as IPIP or WireGuard) moves
 // real data through the masqueraded NodePort, the eTP=Local NodePort
