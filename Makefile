@@ -74,8 +74,9 @@ lint:
 	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h
 
 # Privileged tests (TestPriv*) need root: they fail, never skip, without it.
-# TestPrivIPVS* need kernel IPVS, which this host may lack: they run in the
-# VMs, with the other privileged suites on each kernel (docs/vm.md).
+# TestPrivIPVS* need kernel IPVS, and TestPrivIPIP* the ipip module, which
+# this host may lack: they run in the VMs, with the other privileged suites
+# on each kernel (docs/vm.md).
 # The conformance corpus runs in ebpf mode on the host; its SCTP scenario
 # needs the sctp module, which this host's kernel lacks (conformance-vm
 # runs it, with ipvs mode, in the VM).
@@ -83,7 +84,7 @@ test: deps generate-check lint apiserver kube-proxy
 	@mkdir -p bin
 	$(GO) -C hack/bench test -count=1 ./... > bin/bench-tests.log 2>&1 & bench=$$!; \
 	$(GO) -C hack/monitoring test -count=1 ./... > bin/monitoring-tests.log 2>&1 & mon=$$!; \
-	$(GO) test -count=1 -skip '^TestPrivIPVS' ./...; rc=$$?; \
+	$(GO) test -count=1 -skip '^TestPriv(IPVS|IPIP)' ./...; rc=$$?; \
 	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
 	wait $$mon; mrc=$$?; echo "go test ./... (hack/monitoring, its own module):"; cat bin/monitoring-tests.log; \
 	[ $$rc -eq 0 ] && [ $$brc -eq 0 ] && [ $$mrc -eq 0 ]

@@ -51,6 +51,10 @@ type NS struct {
 	// and the name of the node-side end of their veth.
 	Node      *Node
 	NodeIface string
+	// For a client behind another (AddClientBehind): that router, and
+	// the name of its end of the link to this one.
+	router    *NS
+	routerDev string
 
 	nl  *netlink.Handle
 	lab *Lab

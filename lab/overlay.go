@@ -23,6 +23,9 @@ const VXLANPort = 4789
 type Overlay struct {
 	A, B *Node
 	Dev  string
+	// ipip: the peer's next hop is its node address (the tunnel's outer
+	// destination), not an overlay address.
+	ipip bool
 }
 
 // overlayAddr is node's address on the overlay device (flannel gives the
@@ -107,12 +110,53 @@ func (o *Overlay) Route(from *Node, dsts ...netip.Prefix) error {
 	default:
 		return fmt.Errorf("lab: %s is not on overlay %s-%s", from.Name, o.A.Name, o.B.Name)
 	}
+	via := overlayAddr(to)
+	if o.ipip {
+		via = to.Primary(false)
+	}
 	for _, d := range dsts {
-		if err := from.addRoute(d, overlayAddr(to), o.Dev, from.Primary(false)); err != nil {
+		if err := from.addRoute(d, via, o.Dev, from.Primary(false)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// IPIP joins a and b the way Calico's IPIP mode does: each node's
+// fallback IPIP device "tunl0" (an NBMA tunnel: no local or remote address,
+// created in every namespace while the ipip module is loaded) up, with a
+// /32 address and MTU 1480; Route sends prefixes via the peer's node
+// address on tunl0, on link, so the tunnel takes each packet's outer
+// destination from its route. The nodes' IPv4 primary addresses must reach
+// each other (Link routes them over a fabric).
+func (l *Lab) IPIP(a, b *Node) (*Overlay, error) {
+	if a == b || a.lab != l || b.lab != l {
+		return nil, fmt.Errorf("lab: cannot join %s and %s by IPIP", a.Name, b.Name)
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o := &Overlay{A: a, B: b, Dev: "tunl0", ipip: true}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		n, peer := p[0], p[1]
+		link, err := n.nl.LinkByName(o.Dev)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s (is the ipip module loaded?): %w", n.Name, o.Dev, err)
+		}
+		n.ifaces = append(n.ifaces, Iface{Name: o.Dev, Index: link.Attrs().Index, Role: RoleFabric, Peer: peer.NS, PeerIface: o.Dev})
+		if err := n.nl.LinkSetMTU(link, 1480); err != nil {
+			return nil, fmt.Errorf("%s: %s mtu: %w", n.Name, o.Dev, err)
+		}
+		if err := n.nl.LinkSetUp(link); err != nil {
+			return nil, fmt.Errorf("%s: %s up: %w", n.Name, o.Dev, err)
+		}
+		if err := n.Sysctl("net/ipv4/conf/"+o.Dev+"/rp_filter", "0"); err != nil {
+			return nil, err
+		}
+		if err := n.addAddr(o.Dev, netip.PrefixFrom(overlayAddr(n), 32), netlink.SCOPE_LINK); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
 }
 
 // Stats reads node's overlay device counters: bytes received and sent

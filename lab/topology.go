@@ -340,42 +340,35 @@ func (f *Fabric) route(from *Node, dst netip.Prefix) error {
 
 // AddClientBehind creates an external client one router further away: a
 // namespace attached by a veth (router side "downN", client side "eth0")
-// to router, an existing client, which forwards between it and its node.
-// The router's side of the link has MTU mtu (0 keeps the default) while
-// the client's keeps 1500, as with a narrower link on the way: the client
-// announces a full-sized MSS, and the router answers packets too big for
-// the link with ICMP errors from its own address. The router's node routes
-// addr via the router.
+// to router, an existing client (itself perhaps behind another), which
+// forwards between it and the rest. mtu (0: the default) is the new
+// link's, both ends: a narrow link on the way, whose far end answers
+// packets too big for it with ICMP errors from its own address. Every hop
+// up to the node, and the node, route addr down the chain.
 func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int) (*NS, error) {
 	addr = addr.Unmap()
 	if router.Node == nil {
 		return nil, fmt.Errorf("lab: %s is attached to no node", router.Name)
 	}
-	var via netip.Addr
-	for _, a := range router.Addrs {
-		if a.Is6() == addr.Is6() {
-			via = a
-			break
-		}
-	}
-	if !via.IsValid() {
-		return nil, fmt.Errorf("lab: %s has no address of %s's family", router.Name, addr)
-	}
-	if err := l.checkAddrs([]netip.Addr{addr}); err != nil {
-		return nil, err
-	}
-	ns, err := l.newNS(name, KindClient)
+	ns, err := l.newClientNS(name, addr)
 	if err != nil {
 		return nil, err
 	}
 	l.topo.Lock()
 	defer l.topo.Unlock()
-	dev := fmt.Sprintf("down%d", len(l.spaces))
+	dev := ""
+	for i := 1; dev == ""; i++ {
+		if _, err := router.nl.LinkByName(fmt.Sprintf("down%d", i)); err != nil {
+			dev = fmt.Sprintf("down%d", i)
+		}
+	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: dev, MTU: mtu},
-		PeerMTU:       1500,
 		PeerName:      "eth0",
 		PeerNamespace: netlink.NsFd(int(ns.Handle)),
+	}
+	if mtu > 0 {
+		veth.PeerMTU = uint32(mtu)
 	}
 	if err := router.nl.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("%s: add veth %s/eth0@%s: %w", router.Name, dev, ns.Name, err)
@@ -405,16 +398,13 @@ func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int)
 	}
 	ns.Addrs = append(ns.Addrs, addr)
 	ns.Node, ns.NodeIface = router.Node, router.NodeIface
+	ns.router, ns.routerDev = router, dev
 	// The client's default route points at a next-hop address on the
 	// router's side, as a client namespace's points at its node (not
 	// the node's own GatewayV4, the router's next hop).
-	gw, def := routerGatewayV4, netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	gw, def, bits := routerGatewayV4, netip.PrefixFrom(netip.IPv4Unspecified(), 0), 32
 	if addr.Is6() {
-		gw, def = GatewayV6, netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-	}
-	bits := 32
-	if gw.Is6() {
-		bits = 64
+		gw, def, bits = GatewayV6, netip.PrefixFrom(netip.IPv6Unspecified(), 0), 64
 	}
 	if err := router.addAddr(dev, netip.PrefixFrom(gw, bits), netlink.SCOPE_LINK); err != nil {
 		return nil, err
@@ -425,5 +415,32 @@ func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int)
 	if err := router.AddRoute(host, netip.Addr{}, dev); err != nil {
 		return nil, err
 	}
-	return ns, router.Node.AddRoute(host, via, router.NodeIface)
+	// Up the chain: each router reaches addr via the hop below it.
+	for hop := router; ; hop = hop.router {
+		var via netip.Addr
+		for _, a := range hop.Addrs {
+			if a.Is6() == addr.Is6() {
+				via = a
+				break
+			}
+		}
+		if !via.IsValid() {
+			return nil, fmt.Errorf("lab: %s has no address of %s's family", hop.Name, addr)
+		}
+		if hop.router == nil {
+			return ns, hop.Node.AddRoute(host, via, hop.NodeIface)
+		}
+		if err := hop.router.AddRoute(host, via, hop.routerDev); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// newClientNS creates the namespace of an external client that will own
+// addr alone (not yet given to it).
+func (l *Lab) newClientNS(name string, addr netip.Addr) (*NS, error) {
+	if err := l.checkAddrs([]netip.Addr{addr}); err != nil {
+		return nil, err
+	}
+	return l.newNS(name, KindClient)
 }

@@ -19,10 +19,7 @@ import (
 // (and the devices go) when the lab closes.
 func (l *Lab) AddTunClient(node *Node, name string, addr netip.Addr) (*NS, error) {
 	addr = addr.Unmap()
-	if err := l.checkAddrs([]netip.Addr{addr}); err != nil {
-		return nil, err
-	}
-	ns, err := l.newNS(name, KindClient)
+	ns, err := l.newClientNS(name, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -151,6 +151,20 @@ static __attribute__((noinline)) int icmp_nat(const struct xvs_ct_key *rk, bool 
 	return ICMP_ABOUT_REQUEST;
 }
 
+/* Put the translated quote nq (size bytes, a multiple of 4) in place of q
+ * after the ICMP header at icmp_off, and carry the change into the ICMP
+ * checksum (no pseudo-header part: the quote is payload). */
+static __always_inline int icmp_put_quote(struct __sk_buff *skb, __u32 icmp_off, void *q, void *nq,
+					  __u32 size)
+{
+	__s64 diff = bpf_csum_diff(q, size, nq, size, 0);
+
+	if (diff < 0 || bpf_skb_store_bytes(skb, icmp_off + 8, nq, size, 0) ||
+	    bpf_l4_csum_replace(skb, icmp_off + 2, 0, diff, 0))
+		return -1;
+	return 0;
+}
+
 /* An IPv4 ICMP error (l3_off: where its IPv4 header starts); see
  * icmp_error. */
 static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3_off, bool egress,
@@ -198,10 +212,7 @@ static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3
 	nq.ip.check = 0;
 	nq.ip.check = ip_header_csum(&nq.ip);
 
-	__s64 diff = bpf_csum_diff((__be32 *)&q, sizeof(q), (__be32 *)&nq, sizeof(nq), 0);
-
-	if (diff < 0 || bpf_skb_store_bytes(skb, icmp_off + 8, &nq, sizeof(nq), 0) ||
-	    bpf_l4_csum_replace(skb, icmp_off + 2, 0, diff, 0))
+	if (icmp_put_quote(skb, icmp_off, &q, &nq, sizeof(nq)))
 		return -1;
 
 	__be32 src = addr_v4(n.saddr), dst = addr_v4(n.daddr);
@@ -270,10 +281,7 @@ static __attribute__((noinline)) int icmp6_error(struct __sk_buff *skb, __u32 l3
 	__builtin_memcpy(&nq.ip.daddr, n.qdaddr, 16);
 	nq.dport = n.qdport;
 
-	__s64 diff = bpf_csum_diff((__be32 *)&q, sizeof(q), (__be32 *)&nq, sizeof(nq), 0);
-
-	if (diff < 0 || bpf_skb_store_bytes(skb, icmp_off + 8, &nq, sizeof(nq), 0) ||
-	    bpf_l4_csum_replace(skb, icmp_off + 2, 0, diff, 0))
+	if (icmp_put_quote(skb, icmp_off, &q, &nq, sizeof(nq)))
 		return -1;
 
 	/* The outer header's addresses are in the ICMPv6 checksum's

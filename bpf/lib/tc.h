@@ -71,11 +71,25 @@ enum {
 	TC_FWD_STACK = 1 << 1,	 /* netfilter mode: hand it to the stack */
 };
 
+/* A MAC of zeros: the FIB's source MAC for a device without MACs. */
+static __always_inline bool mac_is_zero(const __u8 mac[ETH_ALEN])
+{
+	__u16 w[3];
+
+	__builtin_memcpy(w, mac, ETH_ALEN);
+	return (w[0] | w[1] | w[2]) == 0;
+}
+
 /* Send a translated packet out of the interface its route (fib, and the
  * lookup's result ret) names, as forwarding would: the TTL (hop limit)
  * drops by one; with the neighbour resolved, the FIB's MACs go into the
- * Ethernet header and bpf_redirect sends it; without, the next hop goes to
- * bpf_redirect_neigh, which resolves it. */
+ * Ethernet header and bpf_redirect sends it. Otherwise bpf_redirect_neigh
+ * routes it again and sends it with the route attached: for an unresolved
+ * neighbour, which it resolves, and for an egress device without MACs
+ * (the FIB gives it no source MAC: IPIP, WireGuard, tun, GRE), whose
+ * driver may need the route: an NBMA tunnel (Calico's tunl0, remote any)
+ * takes its outer destination from the route's next hop and drops a
+ * packet without one. */
 static __always_inline int tc_send(struct __sk_buff *skb, const struct xvs_pkt *p, struct bpf_fib_lookup *fib,
 				   long ret)
 {
@@ -96,6 +110,8 @@ static __always_inline int tc_send(struct __sk_buff *skb, const struct xvs_pkt *
 		if (bpf_l3_csum_replace(skb, p->l3_off + IPV4_CSUM_OFF, old, new, sizeof(new)))
 			return TC_ACT_SHOT;
 	}
+	bool direct = ret == BPF_FIB_LKUP_RET_SUCCESS && !mac_is_zero(fib->smac);
+
 	if (!p->l3_off) {
 		/* From a device without a link-layer header (l3_off 0): both
 		 * redirect helpers want one, so it gets an Ethernet header (the
@@ -103,31 +119,22 @@ static __always_inline int tc_send(struct __sk_buff *skb, const struct xvs_pkt *
 		 * device without MACs drops it again). */
 		struct ethhdr eth = {.h_proto = v6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP)};
 
-		if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (direct) {
 			__builtin_memcpy(eth.h_dest, fib->dmac, ETH_ALEN);
 			__builtin_memcpy(eth.h_source, fib->smac, ETH_ALEN);
 		}
 		if (bpf_skb_change_head(skb, ETH_HLEN, 0) ||
 		    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0))
 			return TC_ACT_SHOT;
-		if (ret == BPF_FIB_LKUP_RET_SUCCESS)
+		if (direct)
 			return bpf_redirect(fib->ifindex, 0);
-	} else if (ret == BPF_FIB_LKUP_RET_SUCCESS) {
+	} else if (direct) {
 		if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib->dmac, ETH_ALEN, 0) ||
 		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib->smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
 		return bpf_redirect(fib->ifindex, 0);
 	}
-
-	/* The lookup left the next hop (gateway or destination) in the
-	 * destination field of the next hop's family. */
-	struct bpf_redir_neigh nh = {.nh_family = fib->family};
-
-	if (fib->family == AF_INET6)
-		__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, 16);
-	else
-		nh.ipv4_nh = fib->ipv4_dst;
-	return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
 }
 
 /* Translate a packet (with TC_FWD_REWRITE in how; XDP may have done it)
@@ -136,10 +143,8 @@ static __always_inline int tc_send(struct __sk_buff *skb, const struct xvs_pkt *
  * back to the stack (TC_ACT_OK) for local destinations and anything the
  * FIB cannot answer.
  * The TTL (hop limit) drops by one, as forwarding does. The route is
- * looked up once: with the neighbour resolved, the FIB's MACs go into the
- * Ethernet header and bpf_redirect sends it; without, the next hop goes to
- * bpf_redirect_neigh, which resolves it (and would otherwise route the
- * packet a second time). A packet too big for the egress MTU is answered
+ * looked up here, and again by bpf_redirect_neigh only where tc_send needs
+ * it (an unresolved neighbour, a device without MACs). A packet too big for the egress MTU is answered
  * with ICMP frag-needed / packet-too-big quoting the untranslated packet,
  * as the node's forwarding would answer if it knew the frontend (in both
  * modes: the stack would quote the translated header, which the client's
