@@ -136,9 +136,24 @@ static __always_inline int handle_ip(struct __sk_buff *skb, bool l3)
 	return verdict(TC_ACT_OK, res->verdict, skb);
 }
 
+/* vlan_tagged: the packet carries an 802.1Q/802.1ad tag for a VLAN (not a
+ * priority tag, VLAN 0). tc sees a VLAN's packets on the lower device with
+ * the tag in the skb's metadata, before the stack hands them to the VLAN's
+ * own device (eth0.100), whose program sees them again without it. They
+ * are that device's business: a packet translated and redirected here
+ * would keep the tag, and the pod or client it reached would drop it as
+ * another VLAN's; and one on a VLAN this node has no device for must not
+ * be forwarded at all. */
+static __always_inline bool vlan_tagged(const struct __sk_buff *skb)
+{
+	return skb->vlan_present && (skb->vlan_tci & 0x0fff);
+}
+
 SEC("tc")
 int xvs_tc_ingress(struct __sk_buff *skb)
 {
+	if (vlan_tagged(skb))
+		return verdict(TC_ACT_OK, XVS_V_PASS_VLAN, skb);
 	if (skb->protocol == bpf_htons(ETH_P_IP) || skb->protocol == bpf_htons(ETH_P_IPV6))
 		return handle_ip(skb, false);
 	return verdict(TC_ACT_OK, XVS_V_PASS, skb);
@@ -202,6 +217,9 @@ static __always_inline int handle_egress(struct __sk_buff *skb, bool v6, bool l3
 SEC("tc")
 int xvs_tc_egress(struct __sk_buff *skb)
 {
+	/* Translated, if at all, by the VLAN device's program on its way here. */
+	if (vlan_tagged(skb))
+		return TC_ACT_OK;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		return handle_egress(skb, false, false);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))

@@ -413,7 +413,8 @@ const (
 	XvsXvsVerdictXVS_V_REPLY_ICMP          XvsXvsVerdict = 23
 	XvsXvsVerdictXVS_V_PASS_DRAINING       XvsXvsVerdict = 24
 	XvsXvsVerdictXVS_V_FWD_ICMP            XvsXvsVerdict = 25
-	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 26
+	XvsXvsVerdictXVS_V_PASS_VLAN           XvsXvsVerdict = 26
+	XvsXvsVerdictXVS_V_MAX                 XvsXvsVerdict = 27
 )
 
 type XvsXvsVipKey struct {

@@ -1,9 +1,16 @@
 package lab
 
 import (
+	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -26,6 +33,8 @@ type Overlay struct {
 	// ipip: the peer's next hop is its node address (the tunnel's outer
 	// destination), not an overlay address.
 	ipip bool
+	// wg: the WireGuard peers' keys and allowed IPs; nil on other kinds.
+	wg map[*Node]*wgNode
 }
 
 // overlayAddr is node's address on the overlay device (flannel gives the
@@ -39,11 +48,19 @@ func overlayMAC(node *Node) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x58, 0x4c, 0x00, 0x00, byte(node.Index)}
 }
 
+// pair checks that a and b are two nodes of this lab.
+func (l *Lab) pair(a, b *Node, how string) error {
+	if a == b || a.lab != l || b.lab != l {
+		return fmt.Errorf("lab: cannot join %s and %s by %s", a.Name, b.Name, how)
+	}
+	return nil
+}
+
 // VXLAN builds the overlay between a and b, whose IPv4 primary addresses
 // must reach each other (Link routes them over a fabric).
 func (l *Lab) VXLAN(a, b *Node) (*Overlay, error) {
-	if a == b || a.lab != l || b.lab != l {
-		return nil, fmt.Errorf("lab: cannot join %s and %s by VXLAN", a.Name, b.Name)
+	if err := l.pair(a, b, "VXLAN"); err != nil {
+		return nil, err
 	}
 	l.topo.Lock()
 	defer l.topo.Unlock()
@@ -71,21 +88,10 @@ func (o *Overlay) build(n, peer *Node) error {
 	if err := n.nl.LinkAdd(vx); err != nil {
 		return fmt.Errorf("%s: add vxlan %s: %w", n.Name, o.Dev, err)
 	}
-	link, err := n.nl.LinkByName(o.Dev)
+	idx, err := o.upWithAddr(n, peer, 0)
 	if err != nil {
-		return fmt.Errorf("%s: %s: %w", n.Name, o.Dev, err)
-	}
-	n.ifaces = append(n.ifaces, Iface{Name: o.Dev, Index: link.Attrs().Index, Role: RoleFabric, Peer: peer.NS, PeerIface: o.Dev})
-	if err := n.nl.LinkSetUp(link); err != nil {
-		return fmt.Errorf("%s: %s up: %w", n.Name, o.Dev, err)
-	}
-	if err := n.Sysctl("net/ipv4/conf/"+o.Dev+"/rp_filter", "0"); err != nil {
 		return err
 	}
-	if err := n.addAddr(o.Dev, netip.PrefixFrom(overlayAddr(n), 32), netlink.SCOPE_LINK); err != nil {
-		return err
-	}
-	idx := link.Attrs().Index
 	// The peer's overlay address has the peer's MAC; that MAC lives
 	// behind the peer's node address.
 	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
@@ -119,6 +125,13 @@ func (o *Overlay) Route(from *Node, dsts ...netip.Prefix) error {
 			return err
 		}
 	}
+	if o.wg != nil {
+		// WireGuard sends a packet to the peer whose allowed IPs hold its
+		// destination, and takes one from a peer only if they hold its
+		// source: what from routes to the peer, the peer accepts from it.
+		o.wg[from].allowed = append(o.wg[from].allowed, dsts...)
+		return o.wgPeer(from, to)
+	}
 	return nil
 }
 
@@ -130,30 +143,15 @@ func (o *Overlay) Route(from *Node, dsts ...netip.Prefix) error {
 // destination from its route. The nodes' IPv4 primary addresses must reach
 // each other (Link routes them over a fabric).
 func (l *Lab) IPIP(a, b *Node) (*Overlay, error) {
-	if a == b || a.lab != l || b.lab != l {
-		return nil, fmt.Errorf("lab: cannot join %s and %s by IPIP", a.Name, b.Name)
+	if err := l.pair(a, b, "IPIP"); err != nil {
+		return nil, err
 	}
 	l.topo.Lock()
 	defer l.topo.Unlock()
 	o := &Overlay{A: a, B: b, Dev: "tunl0", ipip: true}
 	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		n, peer := p[0], p[1]
-		link, err := n.nl.LinkByName(o.Dev)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s (is the ipip module loaded?): %w", n.Name, o.Dev, err)
-		}
-		n.ifaces = append(n.ifaces, Iface{Name: o.Dev, Index: link.Attrs().Index, Role: RoleFabric, Peer: peer.NS, PeerIface: o.Dev})
-		if err := n.nl.LinkSetMTU(link, 1480); err != nil {
-			return nil, fmt.Errorf("%s: %s mtu: %w", n.Name, o.Dev, err)
-		}
-		if err := n.nl.LinkSetUp(link); err != nil {
-			return nil, fmt.Errorf("%s: %s up: %w", n.Name, o.Dev, err)
-		}
-		if err := n.Sysctl("net/ipv4/conf/"+o.Dev+"/rp_filter", "0"); err != nil {
-			return nil, err
-		}
-		if err := n.addAddr(o.Dev, netip.PrefixFrom(overlayAddr(n), 32), netlink.SCOPE_LINK); err != nil {
-			return nil, err
+		if _, err := o.upWithAddr(p[0], p[1], 1480); err != nil {
+			return nil, fmt.Errorf("%w (is the ipip module loaded?)", err)
 		}
 	}
 	return o, nil
@@ -171,4 +169,238 @@ func (o *Overlay) Stats(node *Node) (rx, tx uint64, err error) {
 		return 0, 0, fmt.Errorf("%s: %s: no statistics", node.Name, o.Dev)
 	}
 	return s.RxBytes, s.TxBytes, nil
+}
+
+// VLANID is the 802.1Q VLAN the lab's VLAN overlay tags its frames with.
+const VLANID = 100
+
+// VLAN joins a and b by an 802.1Q VLAN on the fabric veth between them, as
+// a node whose cluster network is a tagged VLAN on a trunk port
+// (eth0.100): a "vlan100" device on each node's fabric end with a /32
+// overlay address; the peer's overlay address is resolved by ARP over the
+// VLAN. Route sends prefixes through it via the peer's overlay address, on
+// link; everything else stays untagged on the fabric. The kernel needs the
+// 8021q module (not on this host: the VM rig's kernels have it).
+func (l *Lab) VLAN(a, b *Node) (*Overlay, error) {
+	if err := l.pair(a, b, "VLAN"); err != nil {
+		return nil, err
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o := &Overlay{A: a, B: b, Dev: fmt.Sprintf("vlan%d", VLANID)}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		n, peer := p[0], p[1]
+		lower := -1
+		for _, ifc := range n.ifaces {
+			if ifc.Role == RoleFabric && ifc.Peer == peer.NS {
+				lower = ifc.Index
+				break
+			}
+		}
+		if lower < 0 {
+			return nil, fmt.Errorf("lab: VLAN needs a fabric between %s and %s (Link)", n.Name, peer.Name)
+		}
+		vl := &netlink.Vlan{
+			LinkAttrs:    netlink.LinkAttrs{Name: o.Dev, ParentIndex: lower},
+			VlanId:       VLANID,
+			VlanProtocol: netlink.VLAN_PROTOCOL_8021Q,
+		}
+		if err := n.nl.LinkAdd(vl); err != nil {
+			return nil, fmt.Errorf("%s: add vlan %s (is the 8021q module loaded?): %w", n.Name, o.Dev, err)
+		}
+		if _, err := o.upWithAddr(n, peer, 0); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// upWithAddr records node n's overlay device, sets its MTU (unless 0),
+// brings it up with rp_filter off, gives it n's /32 overlay address and
+// returns its index.
+func (o *Overlay) upWithAddr(n, peer *Node, mtu int) (int, error) {
+	link, err := n.nl.LinkByName(o.Dev)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %s: %w", n.Name, o.Dev, err)
+	}
+	idx := link.Attrs().Index
+	n.ifaces = append(n.ifaces, Iface{Name: o.Dev, Index: idx, Role: RoleFabric, Peer: peer.NS, PeerIface: o.Dev})
+	if mtu > 0 {
+		if err := n.nl.LinkSetMTU(link, mtu); err != nil {
+			return 0, fmt.Errorf("%s: %s mtu: %w", n.Name, o.Dev, err)
+		}
+	}
+	if err := n.nl.LinkSetUp(link); err != nil {
+		return 0, fmt.Errorf("%s: %s up: %w", n.Name, o.Dev, err)
+	}
+	if err := n.Sysctl("net/ipv4/conf/"+o.Dev+"/rp_filter", "0"); err != nil {
+		return 0, err
+	}
+	return idx, n.addAddr(o.Dev, netip.PrefixFrom(overlayAddr(n), 32), netlink.SCOPE_LINK)
+}
+
+// WireGuardPort is the UDP port the lab's WireGuard devices listen on
+// (WireGuard's customary one; Calico's WireGuard mode uses 51820 too).
+const WireGuardPort = 51820
+
+// wgNode is one node's WireGuard identity and what it routes to its peer.
+type wgNode struct {
+	private, public string // base64, as wg(8) reads and prints them
+	allowed         []netip.Prefix
+}
+
+// WireGuard joins a and b by an encrypted WireGuard tunnel over their
+// fabric, as Calico's and Cilium's WireGuard modes do: a "wg0" device on
+// each node (MTU 1420, UDP 51820, its own key pair) whose one peer is the
+// other node at its node address. The peer's allowed IPs start with its
+// overlay and node addresses; Route adds what a node routes through the
+// tunnel (via the peer's overlay address, on link). wg0 has no link-layer
+// header. It needs the wireguard module and wg(8) (the VM rig's guest has
+// both; this host's kernel has no wireguard).
+func (l *Lab) WireGuard(a, b *Node) (*Overlay, error) {
+	if err := l.pair(a, b, "WireGuard"); err != nil {
+		return nil, err
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o := &Overlay{A: a, B: b, Dev: "wg0", wg: map[*Node]*wgNode{}}
+	for _, n := range []*Node{a, b} {
+		key, err := ecdh.X25519().GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		o.wg[n] = &wgNode{
+			private: base64.StdEncoding.EncodeToString(key.Bytes()),
+			public:  base64.StdEncoding.EncodeToString(key.PublicKey().Bytes()),
+		}
+	}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		n, peer := p[0], p[1]
+		if err := n.nl.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: o.Dev, MTU: 1420}}); err != nil {
+			return nil, fmt.Errorf("%s: add wireguard %s (is the wireguard module loaded?): %w", n.Name, o.Dev, err)
+		}
+		if err := o.wgSetKey(n); err != nil {
+			return nil, err
+		}
+		if err := o.wgPeer(n, peer); err != nil {
+			return nil, err
+		}
+		if _, err := o.upWithAddr(n, peer, 0); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// wgSetKey gives n's wg0 its private key (through a file only root can
+// read, as wg(8) wants it) and listening port.
+func (o *Overlay) wgSetKey(n *Node) error {
+	dir, err := os.MkdirTemp("", "xvs-lab-wg-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	key := filepath.Join(dir, "key")
+	if err := os.WriteFile(key, []byte(o.wg[n].private+"\n"), 0o600); err != nil {
+		return err
+	}
+	return wg(n, "set", o.Dev, "listen-port", fmt.Sprint(WireGuardPort), "private-key", key)
+}
+
+// wgPeer (re)writes peer as n's one WireGuard peer: its endpoint is the
+// peer's node address; its allowed IPs its overlay and node addresses and
+// whatever n routes to it.
+func (o *Overlay) wgPeer(n, peer *Node) error {
+	allowed := []string{netip.PrefixFrom(overlayAddr(peer), 32).String(), netip.PrefixFrom(peer.Primary(false), 32).String()}
+	for _, p := range o.wg[n].allowed {
+		allowed = append(allowed, p.String())
+	}
+	return wg(n, "set", o.Dev, "peer", o.wg[peer].public,
+		"endpoint", netip.AddrPortFrom(peer.Primary(false), WireGuardPort).String(),
+		"allowed-ips", strings.Join(allowed, ","))
+}
+
+// wg runs wg(8) in n's network namespace.
+func wg(n *Node, args ...string) error {
+	bin, err := exec.LookPath("wg")
+	if err != nil {
+		return fmt.Errorf("lab: wg(8) (Debian's wireguard-tools): %w", err)
+	}
+	if out, err := Run(n.NS, bin, args...); err != nil {
+		return fmt.Errorf("%s: wg %s: %v: %s", n.Name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// Bond joins a and b by a static link aggregation of two veths ("bondN"
+// ends on each side), as a node with two NICs bonded to a switch: "bond0"
+// on each node, balance-xor with the layer3+4 hash (flows spread over both
+// links; no LACP negotiation to wait for), a /32 overlay address, the
+// peer's resolved by ARP over the bond. Route sends prefixes through it via
+// the peer's overlay address, on link. The programs see each packet first
+// on the link it arrived by, then again on bond0. The kernel needs the
+// bonding module (not on this host: the VM rig's kernels have it).
+func (l *Lab) Bond(a, b *Node) (*Overlay, error) {
+	if err := l.pair(a, b, "bond"); err != nil {
+		return nil, err
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o := &Overlay{A: a, B: b, Dev: "bond0"}
+	for _, n := range []*Node{a, b} {
+		bond := netlink.NewLinkBond(netlink.LinkAttrs{Name: o.Dev})
+		bond.Mode = netlink.BOND_MODE_BALANCE_XOR
+		bond.XmitHashPolicy = netlink.BOND_XMIT_HASH_POLICY_LAYER3_4
+		bond.Miimon = 100
+		if err := n.nl.LinkAdd(bond); err != nil {
+			return nil, fmt.Errorf("%s: add bond %s (is the bonding module loaded?): %w", n.Name, o.Dev, err)
+		}
+	}
+	for range 2 {
+		aName, bName := a.nextName("bond"), b.nextName("bond")
+		if _, err := a.addVeth(aName, b.NS, bName, RoleFabric); err != nil {
+			return nil, err
+		}
+		bl, err := b.nl.LinkByName(bName)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", b.Name, err)
+		}
+		b.ifaces = append(b.ifaces, Iface{Name: bName, Index: bl.Attrs().Index, Role: RoleFabric, Peer: a.NS, PeerIface: aName})
+		for _, end := range []struct {
+			n   *Node
+			dev string
+		}{{a, aName}, {b, bName}} {
+			if err := end.n.enslave(end.dev, o.Dev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		if _, err := o.upWithAddr(p[0], p[1], 0); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// enslave makes dev a port of master (it must be down meanwhile).
+func (n *Node) enslave(dev, master string) error {
+	link, err := n.nl.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", n.Name, dev, err)
+	}
+	m, err := n.nl.LinkByName(master)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", n.Name, master, err)
+	}
+	if err := n.nl.LinkSetDown(link); err != nil {
+		return fmt.Errorf("%s: %s down: %w", n.Name, dev, err)
+	}
+	if err := n.nl.LinkSetMaster(link, m); err != nil {
+		return fmt.Errorf("%s: %s master %s: %w", n.Name, dev, master, err)
+	}
+	if err := n.nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("%s: %s up: %w", n.Name, dev, err)
+	}
+	return nil
 }

@@ -111,6 +111,7 @@ var verdictNames = map[xbpf.Verdict]string{
 	xbpf.XvsXvsVerdictXVS_V_REPLY_ICMP:          "reply_icmp_error",
 	xbpf.XvsXvsVerdictXVS_V_PASS_DRAINING:       "pass_draining",
 	xbpf.XvsXvsVerdictXVS_V_FWD_ICMP:            "forward_icmp_error",
+	xbpf.XvsXvsVerdictXVS_V_PASS_VLAN:           "pass_vlan_tagged",
 }
 
 // VerdictName is the metric/listing name of a verdict.

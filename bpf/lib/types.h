@@ -423,6 +423,7 @@ enum xvs_verdict {
 	XVS_V_REPLY_ICMP,	   /* an ICMP error about a flow, translated for its client */
 	XVS_V_PASS_DRAINING,	   /* a new flow while xvs drains: left to the node's netfilter */
 	XVS_V_FWD_ICMP,		   /* an ICMP error about a reply, translated for its backend */
+	XVS_V_PASS_VLAN,	   /* tagged for a VLAN: its VLAN device's program decides */
 	XVS_V_MAX,
 };
 

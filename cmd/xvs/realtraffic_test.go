@@ -517,6 +517,61 @@ func TestPrivIPIPFabric(t *testing.T) {
 	inBothModes(t, func(t *testing.T, args []string) { testRealTrafficOverlay(t, args, (*lab.Lab).IPIP) })
 }
 
+// TestPrivWireGuardFabric: the same over an encrypted WireGuard tunnel
+// shaped like Calico's and Cilium's WireGuard modes (lab.WireGuard: wg0,
+// MTU 1420, one peer per node whose allowed IPs are what the node routes
+// to it): a device without a link-layer header whose driver picks the
+// peer by the inner destination and drops what arrives from a source the
+// peer may not use. It needs the wireguard module and wg(8), which this
+// host lacks: make test runs it in the 6.1 VM.
+func TestPrivWireGuardFabric(t *testing.T) {
+	inBothModes(t, func(t *testing.T, args []string) { testRealTrafficOverlay(t, args, (*lab.Lab).WireGuard) })
+}
+
+// TestPrivVLANFabric: the same with the pod networks on an 802.1Q VLAN
+// (lab.VLAN: vlan100 on each node's fabric veth, the peer's address
+// resolved by ARP over it). The programs on the fabric veth see the
+// VLAN's frames first, with the tag in the packet's metadata: they must
+// leave them to the VLAN device's own program (verdict pass_vlan_tagged),
+// or a reply translated and redirected there keeps its tag and the pod or
+// client it reaches drops it as another VLAN's. It needs the 8021q module,
+// which this host lacks: make test runs it in the 6.1 VM.
+func TestPrivVLANFabric(t *testing.T) {
+	inBothModes(t, func(t *testing.T, args []string) {
+		w := testRealTrafficOverlay(t, args, (*lab.Lab).VLAN)
+		vs, err := agentVerdicts(w.Pins["node-a"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vs["pass_vlan_tagged"] == 0 {
+			t.Fatalf("node A's programs never met a tagged packet (verdicts %v): the traffic did not cross the VLAN's lower device", vs)
+		}
+		t.Logf("node A: pass_vlan_tagged: %d packets", vs["pass_vlan_tagged"])
+	})
+}
+
+// TestPrivBondFabric: the same with the nodes joined by a bond of two links
+// (lab.Bond: bond0, balance-xor over two veths, layer3+4 hash), as a
+// node with bonded NICs: the programs meet each packet first on the link
+// it arrived by and again on bond0, and redirect replies into the bond,
+// which picks a link. Both links must carry traffic. It needs the bonding
+// module, which this host lacks: make test runs it in the 6.1 VM.
+func TestPrivBondFabric(t *testing.T) {
+	inBothModes(t, func(t *testing.T, args []string) {
+		w := testRealTrafficOverlay(t, args, (*lab.Lab).Bond)
+		for _, dev := range []string{"bond1", "bond2"} {
+			rx, tx, err := (&lab.Overlay{Dev: dev}).Stats(w.A)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("node A %s: %d MiB in, %d MiB out", dev, rx/mib, tx/mib)
+			if rx+tx < mib {
+				t.Errorf("node A's %s carried %d bytes: the bond did not spread the flows", dev, rx+tx)
+			}
+		}
+	})
+}
+
 // testRealTrafficOverlay: through the overlay join builds between the two
 // nodes: 20 MiB down and 10 MiB up from a pod through the ClusterIP to the
 // remote pod and from an external client through the masqueraded
@@ -524,7 +579,7 @@ func TestPrivIPIPFabric(t *testing.T) {
 // translated packets enter the overlay device (redirected by the program
 // in bypass mode, routed by the stack in pass mode) and are encapsulated,
 // and the pods' full-sized segments meet the overlay's smaller MTU.
-func testRealTrafficOverlay(t *testing.T, args []string, join func(*lab.Lab, *lab.Node, *lab.Node) (*lab.Overlay, error)) {
+func testRealTrafficOverlay(t *testing.T, args []string, join func(*lab.Lab, *lab.Node, *lab.Node) (*lab.Overlay, error)) *harness.Multi {
 	var ov *lab.Overlay
 	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		var err error
@@ -596,6 +651,7 @@ func testRealTrafficOverlay(t *testing.T, args []string, join func(*lab.Lab, *la
 	if rx-rx0 < 29*mib || tx-tx0 < 39*mib {
 		t.Fatalf("node A's %s carried %d bytes in and %d out: the traffic did not take the overlay", ov.Dev, rx-rx0, tx-tx0)
 	}
+	return w
 }
 
 // TestPrivRealTrafficL3Device: an external client behind an L3 link (tun
