@@ -39,6 +39,7 @@ func cmdRun(args []string) error {
 	skip := fs.String("skip", "", "leave out (and list as skipped) scenarios whose name matches this regular expression")
 	report := fs.String("report", "", "also write a Markdown report (this run only) to FILE")
 	logDir := fs.String("log-dir", "", "keep every agent log in DIR (default: kept only when something fails)")
+	nfMode := fs.String("netfilter-mode", "", "ebpf mode only: the agent's --netfilter-mode (pass or bypass; default: the agent's)")
 	noAgentChecks := fs.Bool("no-agent-checks", false, "leave out the checks of the agent's /healthz, /livez, /proxyMode and /metrics after each scenario")
 	// Flags may follow the directory: `run DIR --mode ipvs`.
 	var dir string
@@ -62,7 +63,14 @@ func cmdRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks}
+	opts := Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks, NetfilterMode: *nfMode}
+	switch {
+	case *nfMode == "":
+	case *mode != ModeEBPF:
+		return fmt.Errorf("--netfilter-mode: ebpf mode only (mode %s)", *mode)
+	case *nfMode != "pass" && *nfMode != "bypass":
+		return fmt.Errorf("--netfilter-mode %q: want pass or bypass", *nfMode)
+	}
 	if *output == "json" {
 		opts.Out = os.Stderr
 	} else if *output != "text" {

@@ -65,14 +65,16 @@ func explainFor(x *maps.Explainer, xerr string, p *Probe, c client) (*maps.Expla
 }
 
 // judgeExplain compares an explanation with the expectation a probe met.
-func judgeExplain(x *maps.Explanation, exp Expect) (string, bool) {
+// A REJECT is also right when the datapath translates to a closed
+// endpoint port (version 4), whose kernel is the one that refuses.
+func judgeExplain(x *maps.Explanation, exp Expect, closed map[netip.AddrPort]bool) (string, bool) {
 	got := fmt.Sprintf("%s (%s)", x.Action, x.Verdict)
 	if x.Action == "translate" {
 		got = fmt.Sprintf("translate to %s (%s)", x.Backend, x.Verdict)
 	}
 	switch exp.Verdict {
 	case Reject:
-		return got, x.Action == "reject"
+		return got, x.Action == "reject" || (x.Action == "translate" && closed[x.Backend])
 	case Drop:
 		return got, x.Action == "drop"
 	case Pass:

@@ -105,10 +105,14 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 // column names a run: its mode and the kernel it ran on (the host's, or a
 // VM's), so two runs of one mode on different kernels stay apart.
 func column(r *Results) string {
-	if r.Kernel == "" {
-		return r.Mode
+	c := r.Mode
+	if r.NetfilterMode != "" {
+		c += " (" + r.NetfilterMode + ")"
 	}
-	return r.Mode + " @ " + r.Kernel
+	if r.Kernel == "" {
+		return c
+	}
+	return c + " @ " + r.Kernel
 }
 
 func mdCell(s string) string {

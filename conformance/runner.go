@@ -26,6 +26,9 @@ type Options struct {
 	Mode string
 	// Bin is the xvs binary started as the agent in each node namespace.
 	Bin string
+	// NetfilterMode is ebpf mode's --netfilter-mode (pass or bypass; empty:
+	// the agent's default, pass).
+	NetfilterMode string
 	// ExtraAgentArgs are appended to every agent's flags. For tests that
 	// break the datapath on purpose (--debug-disable-rev-nat); a real run
 	// leaves it empty.
@@ -51,15 +54,17 @@ type Options struct {
 // Results is a whole run, machine-readable (`-o json`) and the input of
 // the report.
 type Results struct {
-	Mode      string           `json:"mode"`
-	Corpus    string           `json:"corpus"`
-	Started   time.Time        `json:"started"`
-	Duration  Duration         `json:"duration"`
-	Kernel    string           `json:"kernel"`
-	Build     string           `json:"build"` // VCS revision of the runner and agent binary ("+dirty": uncommitted changes)
-	Scenarios []ScenarioResult `json:"scenarios"`
-	Passed    int              `json:"passed"` // probe lines that passed
-	Failed    int              `json:"failed"` // probe lines that failed, malformed and broken scenarios included
+	Mode string `json:"mode"`
+	// NetfilterMode is ebpf mode's --netfilter-mode when the run set one.
+	NetfilterMode string           `json:"netfilterMode,omitempty"`
+	Corpus        string           `json:"corpus"`
+	Started       time.Time        `json:"started"`
+	Duration      Duration         `json:"duration"`
+	Kernel        string           `json:"kernel"`
+	Build         string           `json:"build"` // VCS revision of the runner and agent binary ("+dirty": uncommitted changes)
+	Scenarios     []ScenarioResult `json:"scenarios"`
+	Passed        int              `json:"passed"` // probe lines that passed
+	Failed        int              `json:"failed"` // probe lines that failed, malformed and broken scenarios included
 }
 
 // ScenarioResult is one scenario file.
@@ -119,7 +124,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 	} else if err := os.MkdirAll(opts.LogDir, 0o755); err != nil {
 		return nil, err
 	}
-	res := &Results{Mode: opts.Mode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease(), Build: buildRevision()}
+	res := &Results{Mode: opts.Mode, NetfilterMode: opts.NetfilterMode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease(), Build: buildRevision()}
 	for _, e := range bad {
 		var me *MalformedError
 		file, reason := "", e.Error()
@@ -285,7 +290,7 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		case xerr != "":
 			r.reportExplain(step, p.Name, expectedString(p, exp, aff), xerr, false)
 		case x != nil && pass:
-			got, ok := judgeExplain(x, exp)
+			got, ok := judgeExplain(x, exp, r.sc.closed)
 			r.reportExplain(step, p.Name, expectedString(p, exp, aff), got, ok)
 			if ok && (x.Action == "drop" || x.Action == "reject") {
 				c, _ := r.w.clientFor(p.From)
@@ -420,6 +425,9 @@ func (w *world) start(ctx context.Context, opts *Options) error {
 	args, err := agentArgs(w.sc, opts.Mode, w.dir, w.pinPath)
 	if err != nil {
 		return err
+	}
+	if opts.NetfilterMode != "" {
+		args = append(args, "--netfilter-mode="+opts.NetfilterMode)
 	}
 	args = append(args, opts.ExtraAgentArgs...)
 	if w.agent, err = lab.StartTied(w.node.NS, w.logPath, opts.Bin, args...); err != nil {

@@ -30,7 +30,7 @@ import (
 // Scenario is one file: one node's view of a cluster, the Kubernetes
 // objects that exist, and probes with the outcome the semantics require.
 type Scenario struct {
-	Version     int                   `json:"version"` // 1 (default), 2 or 3
+	Version     int                   `json:"version"` // 1 (default), 2, 3 or 4
 	Name        string                `json:"name"`
 	Description string                `json:"description"`
 	Node        NodeSpec              `json:"node"`
@@ -41,6 +41,10 @@ type Scenario struct {
 	Probes      []Probe               `json:"probes"`
 	Overrides   map[string][]Override `json:"overrides"`
 	Steps       []Step                `json:"steps"`
+	// Closed (version 4) are endpoint address:ports the runner starts no
+	// listener on: the endpoint's kernel refuses them (a TCP RST, an ICMP
+	// port unreachable for UDP).
+	Closed []string `json:"closed"`
 
 	// File is the path the scenario was read from.
 	File string `json:"-"`
@@ -52,6 +56,7 @@ type Scenario struct {
 	nodeAddrs    []netip.Addr
 	podCIDRs     []netip.Prefix
 	serviceCIDRs []netip.Prefix
+	closed       map[netip.AddrPort]bool
 }
 
 // NodeSpec is the node under test.
@@ -158,10 +163,16 @@ const (
 	RoleExternal  Role = "external"   // outside the cluster, behind the external interface
 )
 
-// From is a probe's source: an address, or {ip, role}.
+// From is a probe's source: an address, or {ip, role, router, mtu}.
 type From struct {
 	IP   netip.Addr
 	Role Role
+	// Router and MTU (version 4, external clients): the client sits one
+	// router further out, behind a link of this MTU (0: the default),
+	// and the router answers packets too big for it with ICMP errors
+	// from Router.
+	Router netip.Addr
+	MTU    int
 }
 
 func (f *From) UnmarshalJSON(b []byte) error {
@@ -175,11 +186,13 @@ func (f *From) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	var o struct {
-		IP   string `json:"ip"`
-		Role string `json:"role"`
+		IP     string `json:"ip"`
+		Role   string `json:"role"`
+		Router string `json:"router"`
+		MTU    int    `json:"mtu"`
 	}
 	if err := strictJSON(b, &o); err != nil {
-		return fmt.Errorf("from: want an address or {ip, role}: %w", err)
+		return fmt.Errorf("from: want an address or {ip, role, router, mtu}: %w", err)
 	}
 	a, err := netip.ParseAddr(strings.TrimSpace(o.IP))
 	if err != nil {
@@ -187,26 +200,65 @@ func (f *From) UnmarshalJSON(b []byte) error {
 	}
 	r := Role(o.Role)
 	switch r {
+	case RoleAuto:
+		if o.Router == "" {
+			return errors.New("from: role is required without router")
+		}
 	case RoleHost, RolePod, RoleRemotePod, RoleExternal:
 	default:
 		return fmt.Errorf("from.role %q: want host, pod, remote-pod or external", o.Role)
 	}
-	*f = From{IP: a.Unmap(), Role: r}
+	*f = From{IP: a.Unmap(), Role: r, MTU: o.MTU}
+	if o.Router != "" {
+		if f.Router, err = netip.ParseAddr(strings.TrimSpace(o.Router)); err != nil {
+			return fmt.Errorf("from.router: %w", err)
+		}
+		f.Router = f.Router.Unmap()
+	}
 	return nil
 }
 
 func (f From) MarshalJSON() ([]byte, error) {
-	if f.Role == RoleAuto {
+	if f.Role == RoleAuto && !f.Router.IsValid() {
 		return json.Marshal(f.IP.String())
 	}
-	return json.Marshal(map[string]string{"ip": f.IP.String(), "role": string(f.Role)})
+	o := map[string]any{"ip": f.IP.String()}
+	if f.Role != RoleAuto {
+		o["role"] = string(f.Role)
+	}
+	if f.Router.IsValid() {
+		o["router"] = f.Router.String()
+	}
+	if f.MTU != 0 {
+		o["mtu"] = f.MTU
+	}
+	return json.Marshal(o)
 }
 
 func (f From) String() string {
-	if f.Role == RoleAuto {
-		return f.IP.String()
+	s := f.IP.String()
+	if f.Role != RoleAuto {
+		s += "(" + string(f.Role) + ")"
 	}
-	return f.IP.String() + "(" + string(f.Role) + ")"
+	if f.Router.IsValid() {
+		s += fmt.Sprintf(" via %s", f.Router)
+		if f.MTU != 0 {
+			s += fmt.Sprintf(" mtu %d", f.MTU)
+		}
+	}
+	return s
+}
+
+// usesV4 names the version 4 fields of a source.
+func (f From) usesV4() []string {
+	var out []string
+	if f.Router.IsValid() {
+		out = append(out, "from.router")
+	}
+	if f.MTU != 0 {
+		out = append(out, "from.mtu")
+	}
+	return out
 }
 
 // Outcome kinds of an expectation.

@@ -102,7 +102,7 @@ func TestParseMalformed(t *testing.T) {
 		{"ServiceCIDR before version 3", "objects:\n",
 			"objects:\n- {apiVersion: networking.k8s.io/v1, kind: ServiceCIDR, metadata: {name: c}, spec: {cidrs: [10.96.0.0/16]}}\n",
 			"objects[0]: kind ServiceCIDR needs version: 3"},
-		{"version 4", "name: svc-basic", "version: 4\nname: svc-basic", "reads versions 1, 2 and 3"},
+		{"version 5", "name: svc-basic", "version: 5\nname: svc-basic", "reads versions 1, 2, 3 and 4"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			doc := strings.Replace(base, c.old, c.new, 1)

@@ -27,6 +27,10 @@ const (
 	Version2 = 2
 	// Version3 adds ServiceCIDR objects; every version 2 field stays.
 	Version3 = 3
+	// Version4 adds external clients behind a router and a link of a
+	// given MTU (from.router, from.mtu) and endpoint ports with no
+	// listener (closed); everything of version 3 stays.
+	Version4 = 4
 )
 
 // Transfer is a probe's bulk data: each try moves Download bytes from the

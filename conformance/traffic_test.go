@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +77,7 @@ func TestParseV2Malformed(t *testing.T) {
 	}{
 		{"v2 field in a v1 file", "version: 2\n", "", "transfer need version: 2"},
 		{"session in a v1 file", "version: 2\n", "version: 1\n", "session need version: 2"},
-		{"unknown version", "version: 2", "version: 9", "versions 1, 2 and 3"},
+		{"unknown version", "version: 2", "version: 9", "versions 1, 2, 3 and 4"},
 		{"typo in transfer", "download: 20MiB", "downlaod: 20MiB", `unknown field "downlaod"`},
 		{"bad size", "download: 20MiB", "download: 20 parsecs", "want e.g. 1500"},
 		{"size over 1GiB", "download: 20MiB", "download: 2GiB", "over 1GiB"},
@@ -128,5 +129,69 @@ func TestByteSize(t *testing.T) {
 	}
 	if s := ByteSize(20 << 20).String(); s != "20MiB" {
 		t.Errorf("String %q", s)
+	}
+}
+
+const v4Scenario = `
+version: 4
+name: icmp
+node: {name: n1, addresses: [192.168.0.2/24, "2001:db8:1::2/64"]}
+cluster: {podCIDRs: [10.0.0.0/8], serviceCIDRs: [172.30.0.0/16]}
+closed: [10.0.1.1:8053]
+objects:
+- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: e, namespace: ns}, addressType: IPv4, endpoints: [{addresses: [10.0.1.1]}], ports: [{port: 8053, protocol: UDP}]}
+probes:
+- {name: refused, from: 10.0.0.2, to: 172.30.0.1:53, protocol: UDP, expect: REJECT, tries: 3}
+- {name: narrow, from: {ip: 203.0.113.62, router: 203.0.113.61, mtu: 1400}, to: 192.168.0.2:30620, expect: [10.0.1.1:8080], tries: 1, transfer: {download: 8MiB}}
+- {name: narrow v6, from: {ip: "2001:db8:ff::62", router: "2001:db8:ff::61", mtu: 1280, role: external}, to: "[2001:db8:1::2]:30620", expect: ["[fd00::1]:8080"], tries: 1}
+`
+
+func TestParseV4(t *testing.T) {
+	s, err := Parse([]byte(v4Scenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.closed[netip.MustParseAddrPort("10.0.1.1:8053")] || len(s.closed) != 1 {
+		t.Errorf("closed %v", s.closed)
+	}
+	f := s.Probes[1].From
+	if f.Router != netip.MustParseAddr("203.0.113.61") || f.MTU != 1400 || f.Role != RoleAuto {
+		t.Errorf("from %+v", f)
+	}
+	if got := f.String(); got != "203.0.113.62 via 203.0.113.61 mtu 1400" {
+		t.Errorf("from string %q", got)
+	}
+	b, err := json.Marshal(f)
+	if err != nil || string(b) != `{"ip":"203.0.113.62","mtu":1400,"router":"203.0.113.61"}` {
+		t.Errorf("from json %s, %v", b, err)
+	}
+}
+
+func TestParseV4Malformed(t *testing.T) {
+	for _, c := range []struct {
+		name, old, new, want string
+	}{
+		{"closed in a v3 file", "version: 4\n", "version: 3\n", "closed: needs version: 4"},
+		{"router in a v3 file", "version: 4\n", "version: 3\n", "from.router, from.mtu need version: 4"},
+		{"closed port of no endpoint", "closed: [10.0.1.1:8053]", "closed: [10.0.1.1:8080]", "no endpoint address and port"},
+		{"closed not an address", "closed: [10.0.1.1:8053]", "closed: [pod-a:8053]", "closed[0]"},
+		{"mtu without router", "router: 203.0.113.61, mtu: 1400}", "mtu: 1400, role: external}", "mtu needs a router"},
+		{"router of another family", "router: 203.0.113.61", "router: \"2001:db8::1\"", "same family"},
+		{"router is the client", "router: 203.0.113.61", "router: 203.0.113.62", "same family"},
+		{"mtu too small", "mtu: 1400", "mtu: 500", "out of range (576..9000)"},
+		{"IPv6 mtu too small", "mtu: 1280", "mtu: 1400, role: pod}, to: \"[2001:db8:1::2]:30620\", expect: [\"[fd00::1]:8080\"], tries: 1}\n#", "only an external client"},
+		{"two MTUs on one router", "{ip: 203.0.113.62, router: 203.0.113.61, mtu: 1400}", "{ip: 203.0.113.62, router: 203.0.113.61, mtu: 1400}, to: 192.168.0.2:30620, expect: [10.0.1.1:8080], tries: 1}\n- {name: other, from: {ip: 203.0.113.63, router: 203.0.113.61, mtu: 1300}", "one link per router"},
+		{"object without role or router", "{ip: 203.0.113.62, router: 203.0.113.61, mtu: 1400}", "{ip: 203.0.113.62}", "role is required without router"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			doc := strings.Replace(v4Scenario, c.old, c.new, 1)
+			if doc == v4Scenario {
+				t.Fatalf("test case does not change the document (%q not found)", c.old)
+			}
+			_, err := Parse([]byte(doc))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+		})
 	}
 }

@@ -72,17 +72,90 @@ func (s *Scenario) validate() error {
 	if v.nprobes == 0 && len(v.holds) == 0 && len(v.sessions) == 0 {
 		v.bad("no probes: a scenario must probe something")
 	}
+	v.sources()
+	v.closedPorts()
 	v.overrides()
 	return errors.Join(v.errs...)
+}
+
+// sources checks the version 4 fields of every probe's, hold's and
+// session's source: an external client behind a router of its own family
+// and a link MTU the family allows, one MTU per router.
+func (v *validator) sources() {
+	mtus := map[netip.Addr]int{}
+	for _, f := range v.s.flows() {
+		fr := f.from
+		used := fr.usesV4()
+		if len(used) == 0 {
+			continue
+		}
+		if v.s.Version < Version4 {
+			v.bad("from %s: %s need version: 4", fr.IP, strings.Join(used, ", "))
+			continue
+		}
+		if !fr.Router.IsValid() {
+			v.bad("from %s: mtu needs a router (the far end of the narrow link)", fr.IP)
+			continue
+		}
+		if fr.Role != RoleAuto && fr.Role != RoleExternal {
+			v.bad("from %s: only an external client can sit behind a router (role %s)", fr.IP, fr.Role)
+		}
+		if fr.Router.Is4() != fr.IP.Is4() || fr.Router == fr.IP {
+			v.bad("from %s: router %s must be another address of the same family", fr.IP, fr.Router)
+		}
+		lo := 576
+		if fr.IP.Is6() {
+			lo = 1280
+		}
+		if fr.MTU != 0 && (fr.MTU < lo || fr.MTU > 9000) {
+			v.bad("from %s: mtu %d out of range (%d..9000)", fr.IP, fr.MTU, lo)
+		}
+		if m, ok := mtus[fr.Router]; ok && m != fr.MTU {
+			v.bad("from %s: router %s has mtu %d elsewhere: one link per router", fr.IP, fr.Router, m)
+		}
+		mtus[fr.Router] = fr.MTU
+	}
+}
+
+// closedPorts parses closed: endpoint address:ports (version 4) of some
+// EndpointSlice in the scenario.
+func (v *validator) closedPorts() {
+	s := v.s
+	if len(s.Closed) == 0 {
+		return
+	}
+	if s.Version < Version4 {
+		v.bad("closed: needs version: 4")
+		return
+	}
+	eps := map[netip.AddrPort]bool{}
+	for _, e := range collectEndpoints(s) {
+		for _, p := range e.ports {
+			eps[netip.AddrPortFrom(e.addr, p.port)] = true
+		}
+	}
+	s.closed = map[netip.AddrPort]bool{}
+	for i, c := range s.Closed {
+		ap, err := netip.ParseAddrPort(strings.TrimSpace(c))
+		if err != nil {
+			v.bad("closed[%d]: %v", i, err)
+			continue
+		}
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if !eps[ap] {
+			v.bad("closed[%d]: %s is no endpoint address and port of an EndpointSlice here", i, ap)
+		}
+		s.closed[ap] = true
+	}
 }
 
 // header checks name, node, cluster, proxy and modes.
 func (v *validator) header() {
 	s := v.s
 	switch s.Version {
-	case 0, Version1, Version2, Version3:
+	case 0, Version1, Version2, Version3, Version4:
 	default:
-		v.bad("version %d: this runner reads versions 1, 2 and 3", s.Version)
+		v.bad("version %d: this runner reads versions 1, 2, 3 and 4", s.Version)
 	}
 	if s.Name == "" {
 		v.bad("name: required")

@@ -20,6 +20,8 @@ import (
 //	remote   another node behind a fabric link, with the remote endpoints
 //	         and remote-pod clients (rN)
 //	ext      every external client address, behind the node's "ext" link
+//	rtrN/farN  an external client behind a router (from.router), on a link
+//	         of from.mtu
 //	sink     owns every probed destination no namespace owns (Service
 //	         VIPs, unallocated IPs) and listens there, so traffic the proxy
 //	         leaves untouched is seen as PASS rather than mistaken for a
@@ -35,6 +37,10 @@ type world struct {
 	fabric *lab.Fabric
 	ext    *lab.NS
 	sink   *lab.NS
+	// far are external clients behind a router (version 4's from.router),
+	// by address; routers the router namespaces, by address.
+	far     map[netip.Addr]*lab.NS
+	routers map[netip.Addr]*lab.NS
 
 	eps  map[netip.Addr]*endpointInfo
 	pods map[netip.Addr]*lab.NS // endpoint and pod-client namespaces by address
@@ -77,6 +83,9 @@ func (w *world) roleOf(f From) Role {
 	if f.Role != RoleAuto {
 		return f.Role
 	}
+	if f.Router.IsValid() {
+		return RoleExternal
+	}
 	switch {
 	case slices.Contains(w.sc.nodeAddrs, f.IP) || f.IP.IsLoopback():
 		return RoleHost
@@ -108,6 +117,9 @@ func (w *world) clientFor(f From) (client, error) {
 		c.ns = w.node.NS
 	case RoleExternal:
 		c.ns = w.ext
+		if f.Router.IsValid() {
+			c.ns = w.far[f.IP]
+		}
 	case RolePod, RoleRemotePod:
 		c.ns = w.pods[f.IP]
 	}
@@ -209,7 +221,9 @@ func (w *world) buildEndpoints(plan listenPlan) error {
 			return err
 		}
 		for _, p := range e.ports {
-			plan.want(ns, netip.AddrPortFrom(e.addr, p.port), p.proto)
+			if ap := netip.AddrPortFrom(e.addr, p.port); !w.sc.closed[ap] {
+				plan.want(ns, ap, p.proto)
+			}
 		}
 	}
 	return nil
@@ -252,6 +266,12 @@ func (w *world) buildClients() error {
 				return err
 			}
 		case RoleExternal:
+			if f.from.Router.IsValid() {
+				if err := w.addFarClient(f.from); err != nil {
+					return err
+				}
+				continue
+			}
 			if o := w.lab.Owner(a); o != nil {
 				return fmt.Errorf("source %s (external) already belongs to %s", a, o.Name)
 			}
@@ -266,6 +286,43 @@ func (w *world) buildClients() error {
 	var err error
 	w.ext, err = w.lab.AddClient(w.node, "ext", externals...)
 	return err
+}
+
+// addFarClient places an external client behind its router (created on
+// first use, attached to the node like the other external clients), on
+// a link of f.MTU whose router end answers packets too big for it with
+// ICMP errors.
+func (w *world) addFarClient(f From) error {
+	if w.far == nil {
+		w.far, w.routers = map[netip.Addr]*lab.NS{}, map[netip.Addr]*lab.NS{}
+	}
+	if w.far[f.IP] != nil {
+		return nil
+	}
+	rtr := w.routers[f.Router]
+	if rtr == nil {
+		var err error
+		if rtr, err = w.lab.AddClient(w.node, fmt.Sprintf("rtr%d", len(w.routers)), f.Router); err != nil {
+			return fmt.Errorf("router %s: %w", f.Router, err)
+		}
+		w.routers[f.Router] = rtr
+	}
+	ns, err := w.lab.AddClientBehind(rtr, fmt.Sprintf("far%d", len(w.far)), f.IP, f.MTU)
+	if err != nil {
+		return fmt.Errorf("source %s behind %s: %w", f.IP, f.Router, err)
+	}
+	w.far[f.IP] = ns
+	if f.MTU == 0 {
+		return nil
+	}
+	// The client's SYNs advertise the MSS of a 1500-byte path (no MSS
+	// clamping on the way): the backend's full-sized segments meet the
+	// narrow link at the router, which answers them with ICMP errors.
+	mss := 1500 - 40
+	if f.IP.Is6() {
+		mss = 1500 - 60
+	}
+	return ns.AdvertiseMSS(f.IP.Is6(), mss)
 }
 
 // planDestinations gives every probed address:port a listener where it

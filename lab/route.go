@@ -98,3 +98,32 @@ func (n *NS) DelRoute(dst netip.Prefix) error {
 	}
 	return nil
 }
+
+// AdvertiseMSS makes the namespace's default route of addr's family
+// advertise mss in its TCP SYNs, whatever its own link's MTU (ip route
+// ... advmss): a host behind a narrower link than its peers believe, as
+// behind a tunnel without MSS clamping. Its peers then send segments that
+// only path MTU discovery shrinks.
+func (n *NS) AdvertiseMSS(v6 bool, mss int) error {
+	family := netlink.FAMILY_V4
+	if v6 {
+		family = netlink.FAMILY_V6
+	}
+	routes, err := n.nl.RouteList(nil, family)
+	if err != nil {
+		return fmt.Errorf("%s: routes: %w", n.Name, err)
+	}
+	for _, r := range routes {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		r.AdvMSS = mss
+		if err := n.nl.RouteReplace(&r); err != nil {
+			return fmt.Errorf("%s: default route advmss %d: %w", n.Name, mss, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s: no default route to advertise MSS %d on", n.Name, mss)
+}
