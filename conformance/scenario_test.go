@@ -75,11 +75,31 @@ func TestParseValid(t *testing.T) {
 
 // Every way a file can break the format is reported with a reason that
 // names the field.
+// malformed is a valid document with old replaced by new, which Parse
+// must refuse with an error containing want.
+type malformed struct {
+	name, old, new, want string
+}
+
+// checkMalformed parses each case's document from base.
+func checkMalformed(t *testing.T, base string, cases []malformed) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			doc := strings.Replace(base, c.old, c.new, 1)
+			if doc == base {
+				t.Fatalf("test case does not change the document (%q not found)", c.old)
+			}
+			_, err := Parse([]byte(doc))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
+
 func TestParseMalformed(t *testing.T) {
-	base := validScenario
-	for _, c := range []struct {
-		name, old, new, want string
-	}{
+	checkMalformed(t, validScenario, []malformed{
 		{"unknown top-level field", "modes:", "section: 3.2\nmodes:", `unknown field "section"`},
 		{"unknown probe field", "  masquerade: false", "  masq: false", `unknown field "masq"`},
 		{"typo in expect", "  expect: REJECT", "  expcet: REJECT", `unknown field "expcet"`},
@@ -103,18 +123,7 @@ func TestParseMalformed(t *testing.T) {
 			"objects:\n- {apiVersion: networking.k8s.io/v1, kind: ServiceCIDR, metadata: {name: c}, spec: {cidrs: [10.96.0.0/16]}}\n",
 			"objects[0]: kind ServiceCIDR needs version: 3"},
 		{"version 5", "name: svc-basic", "version: 5\nname: svc-basic", "reads versions 1, 2, 3 and 4"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			doc := strings.Replace(base, c.old, c.new, 1)
-			if doc == base {
-				t.Fatalf("test case does not change the document (%q not found)", c.old)
-			}
-			_, err := Parse([]byte(doc))
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("got %v, want an error containing %q", err, c.want)
-			}
-		})
-	}
+	})
 }
 
 func TestParseSteps(t *testing.T) {
