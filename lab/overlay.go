@@ -404,3 +404,42 @@ func (n *Node) enslave(dev, master string) error {
 	}
 	return nil
 }
+
+// GenevePort is the IANA Geneve port.
+const GenevePort = 6081
+
+// Geneve joins a and b by a Geneve tunnel (the encapsulation Cilium and
+// OVN-Kubernetes use): "geneve0" on each node (VNI 1, UDP 6081, MTU 1450)
+// whose one remote is the peer's node address, a /32 overlay address and a
+// permanent neighbour entry for the peer's. Route sends prefixes through
+// it via the peer's overlay address, on link. The kernel needs the geneve
+// module (not on this host: the VM rig's kernels have it).
+func (l *Lab) Geneve(a, b *Node) (*Overlay, error) {
+	if err := l.pair(a, b, "Geneve"); err != nil {
+		return nil, err
+	}
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o := &Overlay{A: a, B: b, Dev: "geneve0"}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		n, peer := p[0], p[1]
+		gn := &netlink.Geneve{
+			LinkAttrs: netlink.LinkAttrs{Name: o.Dev, MTU: 1450, HardwareAddr: overlayMAC(n)},
+			ID:        1,
+			Remote:    net.IP(peer.Primary(false).AsSlice()),
+			Dport:     GenevePort,
+		}
+		if err := n.nl.LinkAdd(gn); err != nil {
+			return nil, fmt.Errorf("%s: add geneve %s (is the geneve module loaded?): %w", n.Name, o.Dev, err)
+		}
+		idx, err := o.upWithAddr(n, peer, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+			IP: net.IP(overlayAddr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
+			return nil, fmt.Errorf("%s: neighbour on %s: %w", n.Name, o.Dev, err)
+		}
+	}
+	return o, nil
+}

@@ -550,6 +550,14 @@ func TestPrivVLANFabric(t *testing.T) {
 	})
 }
 
+// TestPrivGeneveFabric: the same over a Geneve tunnel (lab.Geneve:
+// geneve0, VNI 1, MTU 1450, the peer's node address as its remote), the
+// encapsulation of Cilium and OVN-Kubernetes. It needs the geneve module,
+// which this host lacks: make test runs it in the 6.1 VM.
+func TestPrivGeneveFabric(t *testing.T) {
+	inBothModes(t, func(t *testing.T, args []string) { testRealTrafficOverlay(t, args, (*lab.Lab).Geneve) })
+}
+
 // TestPrivBondFabric: the same with the nodes joined by a bond of two links
 // (lab.Bond: bond0, balance-xor over two veths, layer3+4 hash), as a
 // node with bonded NICs: the programs meet each packet first on the link

@@ -30,7 +30,7 @@ GUEST_BINS=(/bin/bash /usr/bin/ip /usr/sbin/tc /usr/sbin/nft /usr/sbin/ipvsadm /
 # Modules loaded at boot (with their dependencies). Missing ones are skipped:
 # not every kernel has every IPVS scheduler.
 GUEST_MODULES=(virtio_pci 9pnet_virtio 9p xfrm_user nfnetlink
-	veth dummy tun vxlan ipip wireguard 8021q bonding sch_ingress cls_bpf
+	veth dummy tun vxlan geneve ipip wireguard 8021q bonding sch_ingress cls_bpf
 	nf_conntrack nf_conntrack_netlink nf_nat nf_tables nft_chain_nat nft_ct nft_nat nft_masq
 	nft_reject nft_reject_inet nft_compat nft_fib_inet nf_reject_ipv4 nf_reject_ipv6
 	x_tables ip_tables ip6_tables iptable_filter iptable_nat xt_conntrack xt_MASQUERADE xt_mark
