@@ -94,9 +94,8 @@ func (o *Overlay) build(n, peer *Node) error {
 	}
 	// The peer's overlay address has the peer's MAC; that MAC lives
 	// behind the peer's node address.
-	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
-		IP: net.IP(overlayAddr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
-		return fmt.Errorf("%s: neighbour on %s: %w", n.Name, o.Dev, err)
+	if err := o.peerNeighbour(n, peer, idx); err != nil {
+		return err
 	}
 	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
 		State: netlink.NUD_PERMANENT, IP: net.IP(remote.AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
@@ -436,10 +435,19 @@ func (l *Lab) Geneve(a, b *Node) (*Overlay, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
-			IP: net.IP(overlayAddr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
-			return nil, fmt.Errorf("%s: neighbour on %s: %w", n.Name, o.Dev, err)
+		if err := o.peerNeighbour(n, peer, idx); err != nil {
+			return nil, err
 		}
 	}
 	return o, nil
+}
+
+// peerNeighbour gives node n a permanent neighbour entry for peer's overlay
+// address, with peer's overlay MAC, on the overlay device (index idx).
+func (o *Overlay) peerNeighbour(n, peer *Node, idx int) error {
+	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: net.IP(overlayAddr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
+		return fmt.Errorf("%s: neighbour on %s: %w", n.Name, o.Dev, err)
+	}
+	return nil
 }
