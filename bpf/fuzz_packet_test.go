@@ -257,10 +257,11 @@ func quoteOf(payload []byte) (proto layers.IPProtocol, src, dst netip.AddrPort, 
 	var sa, da netip.Addr
 	var l4 []byte
 	switch {
-	case len(payload) >= 28 && payload[0]>>4 == 4 && payload[0]&0xf == 5:
+	case len(payload) >= 28 && payload[0]>>4 == 4 && payload[0]&0xf >= 5 && len(payload) >= int(payload[0]&0xf)*4+8:
 		proto = layers.IPProtocol(payload[9])
 		sa, da = netip.AddrFrom4([4]byte(payload[12:16])), netip.AddrFrom4([4]byte(payload[16:20]))
-		l4 = payload[20:28]
+		hl := int(payload[0]&0xf) * 4
+		l4 = payload[hl : hl+8]
 	case len(payload) >= 48 && payload[0]>>4 == 6:
 		proto = layers.IPProtocol(payload[6])
 		sa, da = netip.AddrFrom16([16]byte(payload[8:24])), netip.AddrFrom16([16]byte(payload[24:40]))
@@ -309,14 +310,40 @@ func (w *fuzzWorld) quoteOK(din, dout fuzzPacket) string {
 	default:
 		return fmt.Sprintf("the quote %s -> %s was translated to %s -> %s: neither a backend's frontend nor a frontend's backend", sin, din_, sout, dout_)
 	}
-	n := 28
+	n := int(din.payload[0]&0xf)*4 + 8
 	if sin.Addr().Is6() {
 		n = 48
+	} else {
+		// The quoted header's options stay, and its checksum is updated
+		// for the new addresses: right if it was right (a wrong one,
+		// as netfilter's update leaves it, stays wrong).
+		if !bytes.Equal(din.payload[20:n-8], dout.payload[20:n-8]) {
+			return "the quoted IPv4 header's options changed"
+		}
+		if (ipChecksum(din.payload[:n-8]) == 0) != (ipChecksum(dout.payload[:n-8]) == 0) {
+			return "the quoted IPv4 header's checksum was not updated with its addresses"
+		}
 	}
 	if !bytes.Equal(din.payload[n:], dout.payload[n:]) {
 		return "the ICMP error's payload past the quoted headers changed"
 	}
 	return ""
+}
+
+// withOptions inserts IPv4 options (NOPs, then end of list; 4 bytes a
+// word, words of them) after the quoted IPv4 header q (quoted's), and
+// sets its length fields and checksum.
+func withOptions(q []byte, words int) []byte {
+	opts := make([]byte, 4*words)
+	for i := range opts[:len(opts)-1] {
+		opts[i] = 1 // NOP
+	}
+	out := append(append(slices.Clone(q[:20]), opts...), q[20:]...)
+	out[0] = 0x40 | byte(5+words)
+	binary.BigEndian.PutUint16(out[2:], binary.BigEndian.Uint16(q[2:])+uint16(4*words))
+	out[10], out[11] = 0, 0
+	binary.BigEndian.PutUint16(out[10:], ipChecksum(out[:20+4*words]))
+	return out
 }
 
 // check judges one outcome; "" is fine.
@@ -747,6 +774,10 @@ func (g *packetGen) next() ([]byte, string) {
 		if g.pick(2) == 0 {
 			icmp.TypeCode = layers.CreateICMPv4TypeCode(3, uint8(g.pick(5)))
 			payload = quoted(dst, src, quoteProto, dport, sport)
+			if g.pick(4) == 0 { // a quoted header with options
+				payload = withOptions(payload, 1+g.pick(10))
+				note += "quote-options "
+			}
 		}
 		ls = append(ls, icmp, gopacket.Payload(payload))
 		note += fmt.Sprintf("ICMP %s -> %s %s", src, dst, icmp.TypeCode)

@@ -67,16 +67,36 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		router   netip.Addr // the error's sender when not the backend
 		masq     bool
 		fromNode bool
+		opts     int // words of IPv4 options in the quoted header
 	}{
-		{"pod to ClusterIP, error from the backend", model.TCP, podCli, netip.AddrPortFrom(vip, 80), netip.Addr{}, false, false},
-		{"pod to ClusterIP, error from a router", model.TCP, podCli, netip.AddrPortFrom(vip, 80), router4, false, false},
-		{"external to NodePort (masqueraded), error from the backend", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), netip.Addr{}, true, false},
-		{"external to NodePort (masqueraded), error from a router", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), router4, true, false},
-		{"IPv6 UDP to ClusterIP, error from the backend", model.UDP, cl6, netip.AddrPortFrom(vip6, 53), netip.Addr{}, false, false},
-		{"IPv6 TCP to ClusterIP, error from a router", model.TCP, cl6, netip.AddrPortFrom(vip6, 80), router6, false, false},
+		{"pod to ClusterIP, error from the backend", model.TCP, podCli, netip.AddrPortFrom(vip, 80), netip.Addr{}, false, false, 0},
+		{"pod to ClusterIP, error from a router", model.TCP, podCli, netip.AddrPortFrom(vip, 80), router4, false, false, 0},
+		{"external to NodePort (masqueraded), error from the backend", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), netip.Addr{}, true, false, 0},
+		{"external to NodePort (masqueraded), error from a router", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), router4, true, false, 0},
+		{"IPv6 UDP to ClusterIP, error from the backend", model.UDP, cl6, netip.AddrPortFrom(vip6, 53), netip.Addr{}, false, false, 0},
+		{"IPv6 TCP to ClusterIP, error from a router", model.TCP, cl6, netip.AddrPortFrom(vip6, 80), router6, false, false, 0},
+		{"pod to ClusterIP, error from a router quoting IPv4 options", model.TCP, podCli, netip.AddrPortFrom(vip, 80), router4, false, false, 2},
+		{"external to NodePort (masqueraded), error from the backend quoting 40 bytes of options", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), netip.Addr{}, true, false, 10},
 	}
 	for i, c := range cases {
 		sport := uint16(42000 + i)
+		// quote is what the error quotes, with the case's options; the
+		// translated quote must keep them, under a valid checksum.
+		quote := func(q []byte) []byte {
+			if c.opts > 0 {
+				return withOptions(q, c.opts)
+			}
+			return q
+		}
+		quoteIntact := func(what string, payload []byte) {
+			if c.opts == 0 {
+				return
+			}
+			hl := int(payload[0]&0xf) * 4
+			if hl != 20+4*c.opts || ipChecksum(payload[:hl]) != 0 {
+				t.Fatalf("%s, %s: the quoted header (%d bytes) lost its options or its checksum: % x", c.name, what, hl, payload[:hl])
+			}
+		}
 		var pkt []byte
 		if c.src.Is6() {
 			pkt = packet6(t, c.src, c.front.Addr(), l4{proto: c.proto, sport: sport, dport: c.front.Port(), syn: true, payload: []byte("q")}, nil)
@@ -102,7 +122,7 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		if !sender.IsValid() {
 			sender = d.dst.Addr()
 		}
-		ret, out = e.run(t, icmpError(t, sender, d.src.Addr(), quoted(d.src.Addr(), d.dst.Addr(), proto, d.src.Port(), d.dst.Port())))
+		ret, out = e.run(t, icmpError(t, sender, d.src.Addr(), quote(quoted(d.src.Addr(), d.dst.Addr(), proto, d.src.Port(), d.dst.Port()))))
 		if ret != tcActOK {
 			t.Fatalf("%s: the error's ret %d", c.name, ret)
 		}
@@ -121,6 +141,7 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		if !ok || qp != proto || qs != netip.AddrPortFrom(c.src, sport) || qd != c.front {
 			t.Fatalf("%s: the error quotes %v %s -> %s (ok %v), want %v %s:%d -> %s", c.name, qp, qs, qd, ok, proto, c.src, sport, c.front)
 		}
+		quoteIntact("about a request", got.payload)
 
 		// An error about a reply (frontend -> client), from the client
 		// or a router on its side, reaches the backend quoting the reply
@@ -131,7 +152,7 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 			sender = c.src
 		}
 		client := netip.AddrPortFrom(c.src, sport)
-		ret, out = e.run(t, icmpError(t, sender, c.front.Addr(), quoted(c.front.Addr(), c.src, proto, c.front.Port(), sport)))
+		ret, out = e.run(t, icmpError(t, sender, c.front.Addr(), quote(quoted(c.front.Addr(), c.src, proto, c.front.Port(), sport))))
 		if ret != tcActOK && ret != tcActRedirect {
 			t.Fatalf("%s, about a reply: ret %d", c.name, ret)
 		}
@@ -150,6 +171,7 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		if !ok || qp != proto || qs != d.dst || qd != d.src || (!c.masq && qd != client) {
 			t.Fatalf("%s, about a reply: the error quotes %v %s -> %s (ok %v), want %v %s -> %s", c.name, qp, qs, qd, ok, proto, d.dst, d.src)
 		}
+		quoteIntact("about a reply", got.payload)
 	}
 
 	// An error quoting a flow xvs does not have is not touched.

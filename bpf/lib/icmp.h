@@ -24,9 +24,9 @@
  * its own masquerade to it.
  *
  * Only destination unreachable (fragmentation needed, packet too big),
- * time exceeded and parameter problem quote a packet; a quote of an IPv4
- * header with options, or of an IPv6 one with extension headers, is left
- * alone. */
+ * time exceeded and parameter problem quote a packet. A quoted IPv4 header
+ * may carry options (its ports follow them); a quote of an IPv6 header
+ * with extension headers is left alone. */
 #ifndef XVS_ICMP_H
 #define XVS_ICMP_H
 
@@ -53,12 +53,10 @@
 #define ICMPV6_ERROR_MIN 1
 #define ICMPV6_ERROR_MAX 4
 
-/* The quoted packet: an option-less IPv4 header and its first 8 bytes. */
-struct icmp_quote {
-	struct iphdr ip;
+/* The quoted packet's ports, after its IPv4 header and options. */
+struct icmp_ports {
 	__be16 sport;
 	__be16 dport;
-	__be32 rest;
 };
 
 /* The same for IPv6: the fixed header and the first 8 bytes after it. */
@@ -68,19 +66,6 @@ struct icmp6_quote {
 	__be16 dport;
 	__be32 rest;
 };
-
-static __always_inline __u16 ip_header_csum(const struct iphdr *ip)
-{
-	const __u16 *w = (const __u16 *)ip;
-	__u32 sum = 0;
-
-#pragma unroll
-	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
-		sum += w[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
 
 /* How an error is translated: its quote's new source and destination, the
  * outer header's new ones, and, for an error about a reply, the flow's
@@ -151,15 +136,15 @@ static __attribute__((noinline)) int icmp_nat(const struct xvs_ct_key *rk, bool 
 	return ICMP_ABOUT_REQUEST;
 }
 
-/* Put the translated quote nq (size bytes, a multiple of 4) in place of q
- * after the ICMP header at icmp_off, and carry the change into the ICMP
- * checksum (no pseudo-header part: the quote is payload). */
-static __always_inline int icmp_put_quote(struct __sk_buff *skb, __u32 icmp_off, void *q, void *nq,
+/* Put nq (size bytes, a multiple of 4) in place of q at off, a part of the
+ * quote of the ICMP message at icmp_off, and carry the change into the
+ * ICMP checksum (no pseudo-header part: the quote is payload). */
+static __always_inline int icmp_put_quote(struct __sk_buff *skb, __u32 icmp_off, __u32 off, void *q, void *nq,
 					  __u32 size)
 {
 	__s64 diff = bpf_csum_diff(q, size, nq, size, 0);
 
-	if (diff < 0 || bpf_skb_store_bytes(skb, icmp_off + 8, nq, size, 0) ||
+	if (diff < 0 || bpf_skb_store_bytes(skb, off, nq, size, 0) ||
 	    bpf_l4_csum_replace(skb, icmp_off + 2, 0, diff, 0))
 		return -1;
 	return 0;
@@ -170,7 +155,8 @@ static __always_inline int icmp_put_quote(struct __sk_buff *skb, __u32 icmp_off,
 static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3_off, bool egress,
 						 __u32 *nf_flags)
 {
-	struct icmp_quote q, nq;
+	struct icmp_ports qp, nqp;
+	struct iphdr q, nq;
 	struct xvs_ct_key rk = {};
 	struct icmp_nat n = {};
 	struct iphdr outer;
@@ -181,7 +167,7 @@ static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3
 	if (bpf_skb_load_bytes(skb, l3_off, &outer, sizeof(outer)) || outer.protocol != IPPROTO_ICMP ||
 	    outer.ihl != 5 || (outer.frag_off & bpf_htons(0x3fff)) ||
 	    bpf_ntohs(outer.tot_len) > skb->len - l3_off ||
-	    bpf_ntohs(outer.tot_len) < sizeof(outer) + 8 + sizeof(struct icmp_quote))
+	    bpf_ntohs(outer.tot_len) < sizeof(outer) + 8 + sizeof(q) + sizeof(qp))
 		return 0;
 	__u32 icmp_off = l3_off + sizeof(outer);
 
@@ -190,29 +176,46 @@ static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3
 	if (type != ICMP_DEST_UNREACH_T && type != ICMP_TIME_EXCEEDED_T && type != ICMP_PARAMETERPROB_T)
 		return 0;
 	/* An error goes to the quoted packet's source (netfilter calls
-	 * any other an invalid one). */
-	if (bpf_skb_load_bytes(skb, icmp_off + 8, &q, sizeof(q)) || q.ip.version != 4 || q.ip.ihl != 5 ||
-	    (q.ip.protocol != IPPROTO_TCP && q.ip.protocol != IPPROTO_UDP) || q.ip.saddr != outer.daddr)
+	 * any other an invalid one). The quoted header may have options:
+	 * its ports follow them, and must be in the error too. */
+	if (bpf_skb_load_bytes(skb, icmp_off + 8, &q, sizeof(q)) || q.version != 4 || q.ihl < 5 ||
+	    (q.protocol != IPPROTO_TCP && q.protocol != IPPROTO_UDP) || q.saddr != outer.daddr)
+		return 0;
+	__u32 qhlen = (__u32)(q.ihl & 0xf) * 4, ports_off = icmp_off + 8 + qhlen;
+
+	if (bpf_ntohs(outer.tot_len) < sizeof(outer) + 8 + qhlen + 8 ||
+	    bpf_skb_load_bytes(skb, ports_off, &qp, sizeof(qp)))
 		return 0;
 	/* The quote's tuple reversed: a flow's reply entry or its own key. */
-	__builtin_memcpy(a, &q.ip.daddr, 4);
-	__builtin_memcpy(b, &q.ip.saddr, 4);
+	__builtin_memcpy(a, &q.daddr, 4);
+	__builtin_memcpy(b, &q.saddr, 4);
 	__builtin_memcpy(src16, &outer.saddr, 4);
-	ct_key(&rk, a, b, q.dport, q.sport, q.ip.protocol, XVS_FAMILY_IPV4);
+	ct_key(&rk, a, b, qp.dport, qp.sport, q.protocol, XVS_FAMILY_IPV4);
 	int about = icmp_nat(&rk, egress, src16, &n);
 
 	if (!about)
 		return 0;
 
+	/* The quoted header's checksum covers its options, which stay: it
+	 * changes by the addresses' difference only (RFC 1624, on the
+	 * header's words as they are in the packet). */
 	nq = q;
-	__builtin_memcpy(&nq.ip.saddr, n.qsaddr, 4);
-	nq.sport = n.qsport;
-	__builtin_memcpy(&nq.ip.daddr, n.qdaddr, 4);
-	nq.dport = n.qdport;
-	nq.ip.check = 0;
-	nq.ip.check = ip_header_csum(&nq.ip);
+	__builtin_memcpy(&nq.saddr, n.qsaddr, 4);
+	__builtin_memcpy(&nq.daddr, n.qdaddr, 4);
+	__s64 d = bpf_csum_diff(&q.saddr, 8, &nq.saddr, 8, (__u16)~q.check);
 
-	if (icmp_put_quote(skb, icmp_off, &q, &nq, sizeof(nq)))
+	if (d < 0)
+		return -1;
+	__u32 sum = (__u32)d;
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	nq.check = (__u16)~sum;
+	nqp.sport = n.qsport;
+	nqp.dport = n.qdport;
+
+	if (icmp_put_quote(skb, icmp_off, icmp_off + 8, &q, &nq, sizeof(nq)) ||
+	    icmp_put_quote(skb, icmp_off, ports_off, &qp, &nqp, sizeof(nqp)))
 		return -1;
 
 	__be32 src = addr_v4(n.saddr), dst = addr_v4(n.daddr);
@@ -281,7 +284,7 @@ static __attribute__((noinline)) int icmp6_error(struct __sk_buff *skb, __u32 l3
 	__builtin_memcpy(&nq.ip.daddr, n.qdaddr, 16);
 	nq.dport = n.qdport;
 
-	if (icmp_put_quote(skb, icmp_off, &q, &nq, sizeof(nq)))
+	if (icmp_put_quote(skb, icmp_off, icmp_off + 8, &q, &nq, sizeof(nq)))
 		return -1;
 
 	/* The outer header's addresses are in the ICMPv6 checksum's
