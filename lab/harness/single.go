@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"text/template"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/maps"
@@ -78,49 +80,6 @@ func NewSingle(tag, bin string) (_ *Single, err error) {
 	return s, nil
 }
 
-// manifestTmpl is a Service with a TCP and a UDP port and its EndpointSlice,
-// exactly as kubectl would take them.
-var manifestTmpl = template.Must(template.New("m").Parse(`apiVersion: v1
-kind: Service
-metadata:
-  name: web
-  namespace: demo
-{{- with .Annotations}}
-  annotations:
-{{- range $k, $v := .}}
-    {{$k}}: "{{$v}}"
-{{- end}}
-{{- end}}
-spec:
-  type: ClusterIP
-  clusterIP: {{.VIP}}
-  clusterIPs: [{{.VIP}}]
-{{- if .Affinity}}
-  sessionAffinity: ClientIP
-  sessionAffinityConfig: {clientIP: {timeoutSeconds: {{.Affinity}}}}
-{{- end}}
-  ports:
-  - {name: http, port: 80, targetPort: {{.Port}}, protocol: TCP}
-  - {name: dns, port: 53, targetPort: {{.Port}}, protocol: UDP}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: demo
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-endpoints:
-{{- range .Endpoints}}
-- addresses: [{{.}}]
-  nodeName: node
-  conditions: {ready: true}
-{{- end}}
-ports:
-- {name: http, port: {{.Port}}, protocol: TCP}
-- {name: dns, port: {{.Port}}, protocol: UDP}
-`))
-
 // ServiceOpts vary the demo Service: annotations (scheduler, weights) and
 // ClientIP affinity with a timeout in seconds (0: none).
 type ServiceOpts struct {
@@ -135,22 +94,16 @@ func (s *Single) WriteService(endpoints []netip.Addr) error {
 }
 
 func (s *Single) WriteServiceWith(endpoints []netip.Addr, o ServiceOpts) error {
-	tmp := filepath.Join(s.Dir, ".web.yaml.tmp")
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
+	svc := NewService("demo", "web", DemoVIP,
+		ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, Target: DemoBackendPort},
+		ServicePort{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, Target: DemoBackendPort})
+	svc.Annotations = o.Annotations
+	if o.Affinity > 0 {
+		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{
+			ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(o.Affinity))}}
 	}
-	err = manifestTmpl.Execute(f, map[string]any{
-		"VIP": DemoVIP, "Port": DemoBackendPort, "Endpoints": endpoints,
-		"Annotations": o.Annotations, "Affinity": o.Affinity,
-	})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.Dir, "web.yaml"))
+	return WriteObjects(filepath.Join(s.Dir, "web.yaml"), svc, NewEndpointSlice(svc, "web-1", "node", endpoints...))
 }
 
 // startAgent runs `xvs agent` in the node namespace.
