@@ -90,7 +90,8 @@ func Report(runs []*Results, title string, semantics []byte) []byte {
 	b.WriteString("Each scenario (`conformance/corpus/*.yaml`, format in `conformance/FORMAT.md`) realises one node with\n")
 	b.WriteString("real namespaces, an agent and real connections; a probe passes when every try matches the expectation\n")
 	b.WriteString("docs/semantics.md requires. Run: `make conformance CORPUS=conformance/corpus MODE=ebpf`, then\n")
-	b.WriteString("`make conformance-report` (every `bin/conformance-*.json` becomes a column).\n\n")
+	b.WriteString("`make conformance-report` (every `bin/conformance-*.json` becomes a column; `make conformance-bypass` adds\n")
+	b.WriteString("the traffic scenarios in ebpf mode with `--netfilter-mode=bypass`).\n\n")
 	b.WriteString(runnerNotes)
 
 	writeSummary(&b, runs)
@@ -156,7 +157,11 @@ func writeSummary(b *bytes.Buffer, runs []*Results) {
 		for _, s := range r.Scenarios {
 			c[s.Status]++
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", r.Mode, r.Kernel, build,
+		mode := r.Mode
+		if r.NetfilterMode != "" {
+			mode += " (" + r.NetfilterMode + ")"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d / %d / %d / %d / %d | %d | %d |\n", mode, r.Kernel, build,
 			r.Started.Format("2006-01-02 15:04 UTC"), time.Duration(r.Duration).Round(time.Second),
 			c[StatusPass], c[StatusFail], c[StatusError], c[StatusMalformed], c[StatusSkip], r.Passed, r.Failed)
 	}
