@@ -35,6 +35,17 @@ type Overlay struct {
 	ipip bool
 	// wg: the WireGuard peers' keys and allowed IPs; nil on other kinds.
 	wg map[*Node]*wgNode
+	// addrs: the nodes' overlay addresses when they are global ones
+	// (FlannelVXLAN); nil: link-scoped ones (overlayAddr).
+	addrs map[*Node]netip.Addr
+}
+
+// addr is node's address on the overlay device.
+func (o *Overlay) addr(node *Node) netip.Addr {
+	if a, ok := o.addrs[node]; ok {
+		return a
+	}
+	return overlayAddr(node)
 }
 
 // overlayAddr is node's address on the overlay device (flannel gives the
@@ -59,12 +70,25 @@ func (l *Lab) pair(a, b *Node, how string) error {
 // VXLAN builds the overlay between a and b, whose IPv4 primary addresses
 // must reach each other (Link routes them over a fabric).
 func (l *Lab) VXLAN(a, b *Node) (*Overlay, error) {
+	return l.vxlan(a, b, nil)
+}
+
+// FlannelVXLAN is VXLAN with flannel's own addressing: each node's vxlan0
+// holds the first address of its pod CIDR (aAddr, bAddr: 10.244.0.0 for
+// 10.244.0.0/24) as a global /32, which is the source the node's
+// masquerade picks for packets it sends over the overlay. A node is then
+// multi-homed: its primary address on the fabric, another on the tunnel.
+func (l *Lab) FlannelVXLAN(a, b *Node, aAddr, bAddr netip.Addr) (*Overlay, error) {
+	return l.vxlan(a, b, map[*Node]netip.Addr{a: aAddr, b: bAddr})
+}
+
+func (l *Lab) vxlan(a, b *Node, addrs map[*Node]netip.Addr) (*Overlay, error) {
 	if err := l.pair(a, b, "VXLAN"); err != nil {
 		return nil, err
 	}
 	l.topo.Lock()
 	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "vxlan0"}
+	o := &Overlay{A: a, B: b, Dev: "vxlan0", addrs: addrs}
 	for _, p := range [][2]*Node{{a, b}, {b, a}} {
 		if err := o.build(p[0], p[1]); err != nil {
 			return nil, err
@@ -115,12 +139,19 @@ func (o *Overlay) Route(from *Node, dsts ...netip.Prefix) error {
 	default:
 		return fmt.Errorf("lab: %s is not on overlay %s-%s", from.Name, o.A.Name, o.B.Name)
 	}
-	via := overlayAddr(to)
+	via := o.addr(to)
 	if o.ipip {
 		via = to.Primary(false)
 	}
+	// The node's own packets leave from its primary address, except on
+	// flannel's overlay, whose routes leave the choice to the kernel (the
+	// overlay device's address).
+	src := from.Primary(false)
+	if o.addrs != nil {
+		src = netip.Addr{}
+	}
 	for _, d := range dsts {
-		if err := from.addRoute(d, via, o.Dev, from.Primary(false)); err != nil {
+		if err := from.addRoute(d, via, o.Dev, src); err != nil {
 			return err
 		}
 	}
@@ -235,7 +266,11 @@ func (o *Overlay) upWithAddr(n, peer *Node, mtu int) (int, error) {
 	if err := n.Sysctl("net/ipv4/conf/"+o.Dev+"/rp_filter", "0"); err != nil {
 		return 0, err
 	}
-	return idx, n.addAddr(o.Dev, netip.PrefixFrom(overlayAddr(n), 32), netlink.SCOPE_LINK)
+	scope := netlink.SCOPE_LINK
+	if _, ok := o.addrs[n]; ok {
+		scope = netlink.SCOPE_UNIVERSE
+	}
+	return idx, n.addAddr(o.Dev, netip.PrefixFrom(o.addr(n), 32), scope)
 }
 
 // WireGuardPort is the UDP port the lab's WireGuard devices listen on
@@ -310,7 +345,7 @@ func (o *Overlay) wgSetKey(n *Node) error {
 // peer's node address; its allowed IPs its overlay and node addresses and
 // whatever n routes to it.
 func (o *Overlay) wgPeer(n, peer *Node) error {
-	allowed := []string{netip.PrefixFrom(overlayAddr(peer), 32).String(), netip.PrefixFrom(peer.Primary(false), 32).String()}
+	allowed := []string{netip.PrefixFrom(o.addr(peer), 32).String(), netip.PrefixFrom(peer.Primary(false), 32).String()}
 	for _, p := range o.wg[n].allowed {
 		allowed = append(allowed, p.String())
 	}
@@ -446,7 +481,7 @@ func (l *Lab) Geneve(a, b *Node) (*Overlay, error) {
 // address, with peer's overlay MAC, on the overlay device (index idx).
 func (o *Overlay) peerNeighbour(n, peer *Node, idx int) error {
 	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
-		IP: net.IP(overlayAddr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
+		IP: net.IP(o.addr(peer).AsSlice()), HardwareAddr: overlayMAC(peer)}); err != nil {
 		return fmt.Errorf("%s: neighbour on %s: %w", n.Name, o.Dev, err)
 	}
 	return nil

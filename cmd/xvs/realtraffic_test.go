@@ -550,6 +550,21 @@ func TestPrivVLANFabric(t *testing.T) {
 	})
 }
 
+// TestPrivRealTrafficFlannelFabric: the VXLAN overlay with flannel's own
+// addressing (lab.FlannelVXLAN: vxlan0 holds 10.244.0.0/32 on node A,
+// 10.244.1.0/32 on node B, global, and the routes to the peer's pod CIDR
+// leave the source to the kernel), which makes each node multi-homed: a
+// NodePort's traffic masqueraded over the overlay must leave from the
+// overlay device's address, as MASQUERADE picks it, and pod B sees
+// 10.244.0.0; its replies come back over the overlay.
+func TestPrivRealTrafficFlannelFabric(t *testing.T) {
+	inBothModes(t, func(t *testing.T, args []string) {
+		testRealTrafficOverlayMasq(t, args, func(l *lab.Lab, a, b *lab.Node) (*lab.Overlay, error) {
+			return l.FlannelVXLAN(a, b, netip.MustParseAddr("10.244.0.0"), netip.MustParseAddr("10.244.1.0"))
+		}, netip.MustParseAddr("10.244.0.0"))
+	})
+}
+
 // TestPrivGeneveFabric: the same over a Geneve tunnel (lab.Geneve:
 // geneve0, VNI 1, MTU 1450, the peer's node address as its remote), the
 // encapsulation of Cilium and OVN-Kubernetes. It needs the geneve module,
@@ -588,6 +603,12 @@ func TestPrivBondFabric(t *testing.T) {
 // in bypass mode, routed by the stack in pass mode) and are encapsulated,
 // and the pods' full-sized segments meet the overlay's smaller MTU.
 func testRealTrafficOverlay(t *testing.T, args []string, join func(*lab.Lab, *lab.Node, *lab.Node) (*lab.Overlay, error)) *harness.Multi {
+	return testRealTrafficOverlayMasq(t, args, join, harness.MultiNodeA)
+}
+
+// testRealTrafficOverlayMasq is testRealTrafficOverlay where pod B sees
+// masqueraded traffic from node A come from masq.
+func testRealTrafficOverlayMasq(t *testing.T, args []string, join func(*lab.Lab, *lab.Node, *lab.Node) (*lab.Overlay, error), masq netip.Addr) *harness.Multi {
 	var ov *lab.Overlay
 	w := newMultiNodeWorldArgs(t, args, func(w *harness.Multi) error {
 		var err error
@@ -612,7 +633,7 @@ func testRealTrafficOverlay(t *testing.T, args []string, join func(*lab.Lab, *la
 		serve, peer netip.Addr
 	}{
 		{"pod A, ClusterIP, remote pod", w.PodA, harness.MultiPodA, netip.MustParseAddrPort("172.30.0.30:80"), harness.MultiPodB, harness.MultiPodA},
-		{"external client, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, harness.MultiNodeA},
+		{"external client, masqueraded NodePort", w.Client, harness.MultiClient, netip.AddrPortFrom(harness.MultiNodeA, 30080), harness.MultiPodB, masq},
 		// Endpoints on both nodes: until one transfer each way reaches
 		// pod A across the overlay; pod B's own (hairpin) connections are
 		// masqueraded to node B.
