@@ -577,20 +577,29 @@ func TestPrivGeneveFabric(t *testing.T) {
 // (lab.Bond: bond0, balance-xor over two veths, layer3+4 hash), as a
 // node with bonded NICs: the programs meet each packet first on the link
 // it arrived by and again on bond0, and redirect replies into the bond,
-// which picks a link. Both links must carry traffic. It needs the bonding
-// module, which this host lacks: make test runs it in the 6.1 VM.
+// which picks a link. The links together must have carried what bond0
+// did. Which link a flow takes is the bond's hash of its ports: a run's
+// few bulk flows may all hash to one link (CI's 6.1 run saw that), so the
+// split is logged, not required. It needs the bonding module, which this
+// host lacks: make test runs it in the 6.1 VM.
 func TestPrivBondFabric(t *testing.T) {
 	inBothModes(t, func(t *testing.T, args []string) {
 		w := testRealTrafficOverlay(t, args, (*lab.Lab).Bond)
+		brx, btx, err := (&lab.Overlay{Dev: "bond0"}).Stats(w.A)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rx, tx uint64
 		for _, dev := range []string{"bond1", "bond2"} {
-			rx, tx, err := (&lab.Overlay{Dev: dev}).Stats(w.A)
+			r, x, err := (&lab.Overlay{Dev: dev}).Stats(w.A)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("node A %s: %d MiB in, %d MiB out", dev, rx/mib, tx/mib)
-			if rx+tx < mib {
-				t.Errorf("node A's %s carried %d bytes: the bond did not spread the flows", dev, rx+tx)
-			}
+			t.Logf("node A %s: %d MiB in, %d MiB out", dev, r/mib, x/mib)
+			rx, tx = rx+r, tx+x
+		}
+		if rx < brx || tx < btx {
+			t.Fatalf("node A's links carried %d bytes in and %d out, its bond0 %d and %d: traffic left the bond by another way", rx, tx, brx, btx)
 		}
 	})
 }
