@@ -206,11 +206,7 @@ static __attribute__((noinline)) int icmp4_error(struct __sk_buff *skb, __u32 l3
 
 	if (d < 0)
 		return -1;
-	__u32 sum = (__u32)d;
-
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	nq.check = (__u16)~sum;
+	nq.check = csum_fold((__u32)d);
 	nqp.sport = n.qsport;
 	nqp.dport = n.qdport;
 

@@ -69,6 +69,15 @@ struct xvs_pkt {
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
+/* csum_fold folds a 32-bit one's-complement sum (bpf_csum_diff's) to the
+ * 16-bit checksum field's value. */
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
 static __always_inline __be32 addr_v4(const __u8 addr[16])
 {
 	__be32 a;

@@ -36,13 +36,6 @@ struct icmphdr {
 	__be32 unused;
 };
 
-static __always_inline __u16 csum_fold(__u32 csum)
-{
-	csum = (csum & 0xffff) + (csum >> 16);
-	csum = (csum & 0xffff) + (csum >> 16);
-	return (__u16)~csum;
-}
-
 static __always_inline void ipv4_reply_hdr(struct iphdr *ip, const struct xvs_pkt *p, __u16 tot_len,
 					   __u8 proto)
 {
