@@ -376,6 +376,7 @@ const struct xvs_sock_value *_unused_sock_value __attribute__((unused));
 const enum xvs_ct_flags *_unused_ct_flags __attribute__((unused));
 const enum xvs_verdict *_unused_verdict __attribute__((unused));
 const enum xvs_ct_state *_unused_ct_state __attribute__((unused));
+const enum xvs_ct_slot *_unused_ct_slot __attribute__((unused));
 const struct xvs_if_addrs *_unused_if_addrs __attribute__((unused));
 const struct xvs_event *_unused_event __attribute__((unused));
 const enum xvs_hook *_unused_hook __attribute__((unused));

@@ -169,6 +169,15 @@ type XvsXvsCtKey struct {
 	Pad    [2]uint8
 }
 
+type XvsXvsCtSlot uint32
+
+const (
+	XvsXvsCtSlotXVS_CT_TABLE_ESTABLISHED XvsXvsCtSlot = 0
+	XvsXvsCtSlotXVS_CT_TABLE_UNREPLIED   XvsXvsCtSlot = 1
+	XvsXvsCtSlotXVS_CT_OLD               XvsXvsCtSlot = 2
+	XvsXvsCtSlotXVS_CT_SLOTS             XvsXvsCtSlot = 4
+)
+
 type XvsXvsCtState uint32
 
 const (
@@ -435,6 +444,7 @@ const (
 	XvsMapXvsBackends          = "xvs_backends"
 	XvsMapXvsClusterIps        = "xvs_cluster_ips"
 	XvsMapXvsConntrack         = "xvs_conntrack"
+	XvsMapXvsCtTables          = "xvs_ct_tables"
 	XvsMapXvsCtUnreplied       = "xvs_ct_unreplied"
 	XvsMapXvsEvents            = "xvs_events"
 	XvsMapXvsFragments         = "xvs_fragments"
@@ -476,6 +486,7 @@ const (
 	XvsVarUnusedBackendFlags   = "_unused_backend_flags"
 	XvsVarUnusedConfigFlags    = "_unused_config_flags"
 	XvsVarUnusedCtFlags        = "_unused_ct_flags"
+	XvsVarUnusedCtSlot         = "_unused_ct_slot"
 	XvsVarUnusedCtState        = "_unused_ct_state"
 	XvsVarUnusedEvent          = "_unused_event"
 	XvsVarUnusedHook           = "_unused_hook"
@@ -575,6 +586,7 @@ type XvsMapSpecs struct {
 	XvsBackends      *ebpf.MapSpec `ebpf:"xvs_backends"`
 	XvsClusterIps    *ebpf.MapSpec `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.MapSpec `ebpf:"xvs_conntrack"`
+	XvsCtTables      *ebpf.MapSpec `ebpf:"xvs_ct_tables"`
 	XvsCtUnreplied   *ebpf.MapSpec `ebpf:"xvs_ct_unreplied"`
 	XvsEvents        *ebpf.MapSpec `ebpf:"xvs_events"`
 	XvsFragments     *ebpf.MapSpec `ebpf:"xvs_fragments"`
@@ -607,6 +619,7 @@ type XvsVariableSpecs struct {
 	UnusedBackendFlags   *ebpf.VariableSpec `ebpf:"_unused_backend_flags"`
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.VariableSpec `ebpf:"_unused_ct_flags"`
+	UnusedCtSlot         *ebpf.VariableSpec `ebpf:"_unused_ct_slot"`
 	UnusedCtState        *ebpf.VariableSpec `ebpf:"_unused_ct_state"`
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"_unused_event"`
 	UnusedHook           *ebpf.VariableSpec `ebpf:"_unused_hook"`
@@ -663,6 +676,7 @@ type XvsMaps struct {
 	XvsBackends      *ebpf.Map `ebpf:"xvs_backends"`
 	XvsClusterIps    *ebpf.Map `ebpf:"xvs_cluster_ips"`
 	XvsConntrack     *ebpf.Map `ebpf:"xvs_conntrack"`
+	XvsCtTables      *ebpf.Map `ebpf:"xvs_ct_tables"`
 	XvsCtUnreplied   *ebpf.Map `ebpf:"xvs_ct_unreplied"`
 	XvsEvents        *ebpf.Map `ebpf:"xvs_events"`
 	XvsFragments     *ebpf.Map `ebpf:"xvs_fragments"`
@@ -695,6 +709,7 @@ func (m *XvsMaps) Close() error {
 		m.XvsBackends,
 		m.XvsClusterIps,
 		m.XvsConntrack,
+		m.XvsCtTables,
 		m.XvsCtUnreplied,
 		m.XvsEvents,
 		m.XvsFragments,
@@ -728,6 +743,7 @@ type XvsVariables struct {
 	UnusedBackendFlags   *ebpf.Variable `ebpf:"_unused_backend_flags"`
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"_unused_config_flags"`
 	UnusedCtFlags        *ebpf.Variable `ebpf:"_unused_ct_flags"`
+	UnusedCtSlot         *ebpf.Variable `ebpf:"_unused_ct_slot"`
 	UnusedCtState        *ebpf.Variable `ebpf:"_unused_ct_state"`
 	UnusedEvent          *ebpf.Variable `ebpf:"_unused_event"`
 	UnusedHook           *ebpf.Variable `ebpf:"_unused_hook"`

@@ -116,6 +116,11 @@ func (o *Objects) WatchDevices(ctx context.Context, s DeviceSelector, mode Attac
 	}
 	_, unpinErr := o.UnpinDetached()
 	atts, errs := o.AttachSelected(s, mode)
+	// The programs of a previous build are replaced by now: a conntrack
+	// resize it waited for can finish.
+	if err := o.FinishResize(); err != nil {
+		errs = append(errs, err)
+	}
 	if unpinErr != nil {
 		errs = append(errs, fmt.Errorf("remove the pins of detached links: %w", unpinErr))
 	}

@@ -52,13 +52,14 @@ func TestPrivLazyPrograms(t *testing.T) {
 	if objs.XvsTcIngressL3 == nil || objs.XvsTcEgressL3 == nil {
 		t.Fatal("the L3 programs are not loaded after their first use")
 	}
-	// Shared maps: the lazily loaded program uses the very conntrack map.
+	// Shared maps: the lazily loaded program uses the very conntrack
+	// tables (through their slots).
 	info, err := first.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := info.MapIDs()
-	ct, err := objs.XvsConntrack.Info()
+	ct, err := objs.XvsCtTables.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +69,6 @@ func TestPrivLazyPrograms(t *testing.T) {
 		found = found || id == ctID
 	}
 	if !found {
-		t.Fatalf("the XDP program's maps %v do not include the loaded conntrack map %d", ids, ctID)
+		t.Fatalf("the XDP program's maps %v do not include the loaded conntrack slots %d", ids, ctID)
 	}
 }

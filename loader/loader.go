@@ -114,8 +114,23 @@ type Objects struct {
 	// spec is what was loaded (sizes and knobs set), for the L3 programs.
 	spec *ebpf.CollectionSpec
 	opts ebpf.CollectionOptions
-	// lazyMu serializes loadLazy.
+	// lazyMu serializes loadLazy and FinishResize.
 	lazyMu sync.Mutex
+	// resizing are the old conntrack tables of a resize not finished
+	// yet, by slot; resized the resizes done (resize.go).
+	resizing [len(ctTables)]*ebpf.Map
+	resized  []Resize
+}
+
+// Close releases the objects (the pinned ones stay pinned).
+func (o *Objects) Close() error {
+	for i, m := range o.resizing {
+		if m != nil {
+			m.Close()
+			o.resizing[i] = nil
+		}
+	}
+	return o.XvsObjects.Close()
 }
 
 // The groups of programs loaded on first use (loadLazy).
@@ -156,6 +171,10 @@ func Load(cfg Config) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrate pinned maps: %w", err)
 	}
+	slotsShared, err := prepareResize(cfg.PinPath, spec)
+	if err != nil {
+		return nil, err
+	}
 	dropped, err := dropRetyped(cfg.PinPath, spec)
 	for _, d := range dropped {
 		slog.Warn("pinned map of an older build replaced; its counters start again from zero", "map", d)
@@ -175,6 +194,10 @@ func Load(cfg Config) (*Objects, error) {
 		return nil, fmt.Errorf("load objects: %w", err)
 	}
 	objs.cfg = cfg
+	if err := objs.fillCTSlots(slotsShared); err != nil {
+		objs.Close()
+		return nil, err
+	}
 	for _, p := range pending {
 		if err := p.apply(&objs); err != nil {
 			objs.Close()

@@ -114,6 +114,16 @@ func NewExplainer(pinPath string) (_ *Explainer, err error) {
 		}
 		x.clones[name] = m
 	}
+	// The program reaches the conntrack copies through the table slots,
+	// as the datapath reaches the live ones.
+	for slot, name := range map[uint32]string{
+		uint32(xbpf.XvsXvsCtSlotXVS_CT_TABLE_ESTABLISHED): xbpf.XvsMapXvsConntrack,
+		uint32(xbpf.XvsXvsCtSlotXVS_CT_TABLE_UNREPLIED):   xbpf.XvsMapXvsCtUnreplied,
+	} {
+		if err := x.clones[xbpf.XvsMapXvsCtTables].Update(slot, x.clones[name], ebpf.UpdateAny); err != nil {
+			return nil, fmt.Errorf("explain: slot of %s: %w", name, err)
+		}
+	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: x.clones})
 	if err != nil {
 		var verr *ebpf.VerifierError

@@ -19,6 +19,10 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+#ifndef EEXIST
+#define EEXIST 17
+#endif
+
 /* Load-time knobs (seconds), indexed like enum xvs_ct_state for TCP. */
 volatile const __u32 cfg_ct_tcp_syn_sent_s = 120;
 volatile const __u32 cfg_ct_tcp_syn_recv_s = 60;
@@ -49,6 +53,85 @@ static __always_inline void ct_key(struct xvs_ct_key *k, const __u8 saddr[16], c
 	k->dport = dport;
 	k->proto = proto;
 	k->family = family;
+}
+
+/* The conntrack tables. The programs reach them through xvs_ct_tables
+ * only (t is XVS_CT_TABLE_ESTABLISHED or XVS_CT_TABLE_UNREPLIED), so that
+ * the agent can resize them under live traffic: it puts the old table in
+ * slot t + XVS_CT_OLD, the new one in slot t, copies the old entries
+ * over and empties the old slot again. Meanwhile the old table is part
+ * of the new one: a key missing from the new table is looked for in the
+ * old one and copied over (ct_get); a NOEXIST insert fails if the old
+ * table has the key; an overwrite or a delete removes the key from the
+ * old table as well, so that a stale entry never comes back from there.
+ * Outside a resize the old slots are empty, and cost one array lookup. */
+static __always_inline void *ct_table(__u32 slot)
+{
+	return bpf_map_lookup_elem(&xvs_ct_tables, &slot);
+}
+
+/* The entry at k in old table slot t + XVS_CT_OLD, copied into the table
+ * in use (cur) unless that has one by now; NULL when the old table has
+ * none (or there is no resize). */
+static __attribute__((noinline)) struct xvs_ct_entry *ct_get_old(__u32 t, void *cur,
+								 const struct xvs_ct_key *k)
+{
+	void *old = ct_table(t + XVS_CT_OLD);
+	struct xvs_ct_entry *e, *n;
+
+	if (!old)
+		return NULL;
+	e = bpf_map_lookup_elem(old, k);
+	if (!e)
+		return NULL;
+	/* The old entry stays: a program of the previous generation, still
+	 * attached elsewhere during an upgrade, may use the old table. The
+	 * copy fails when cur got the key meanwhile; that one holds. */
+	bpf_map_update_elem(cur, k, e, BPF_NOEXIST);
+	n = bpf_map_lookup_elem(cur, k);
+	return n ? n : e;
+}
+
+static __always_inline struct xvs_ct_entry *ct_get(__u32 t, const struct xvs_ct_key *k)
+{
+	void *cur = ct_table(t);
+	struct xvs_ct_entry *e;
+
+	if (!cur)
+		return NULL;
+	e = bpf_map_lookup_elem(cur, k);
+	if (e)
+		return e;
+	return ct_get_old(t, cur, k);
+}
+
+/* bpf_map_update_elem on table t (see ct_get); flags BPF_ANY or
+ * BPF_NOEXIST. */
+static __always_inline long ct_put(__u32 t, const struct xvs_ct_key *k, const struct xvs_ct_entry *v,
+				   __u64 flags)
+{
+	void *cur = ct_table(t), *old = ct_table(t + XVS_CT_OLD);
+	long err;
+
+	if (!cur)
+		return -1;
+	if (old && flags == BPF_NOEXIST && bpf_map_lookup_elem(old, k))
+		return -EEXIST;
+	err = bpf_map_update_elem(cur, k, v, flags);
+	if (!err && old)
+		bpf_map_delete_elem(old, k);
+	return err;
+}
+
+/* bpf_map_delete_elem on table t (see ct_get). */
+static __always_inline void ct_del(__u32 t, const struct xvs_ct_key *k)
+{
+	void *cur = ct_table(t), *old = ct_table(t + XVS_CT_OLD);
+
+	if (cur)
+		bpf_map_delete_elem(cur, k);
+	if (old)
+		bpf_map_delete_elem(old, k);
 }
 
 static __always_inline __u64 ct_timeout_ns(__u8 proto, __u8 state, __u16 flags)
@@ -234,10 +317,7 @@ ct_flow_lookup(const struct xvs_ct_key *rk, const struct xvs_ct_entry *rev, __u6
 	struct xvs_ct_entry *fe;
 
 	ct_key(&fk, rev->snat_addr, rev->nat_addr, rev->snat_port, rev->nat_port, rk->proto, rk->family);
-	if (unreplied)
-		fe = bpf_map_lookup_elem(&xvs_ct_unreplied, &fk);
-	else
-		fe = bpf_map_lookup_elem(&xvs_conntrack, &fk);
+	fe = ct_get(unreplied ? XVS_CT_TABLE_UNREPLIED : XVS_CT_TABLE_ESTABLISHED, &fk);
 	if (!fe || ct_is_reply(fe) || now > fe->expires)
 		return NULL;
 	if (!addr_eq(fe->nat_addr, rk->saddr) || fe->nat_port != rk->sport)
@@ -268,14 +348,14 @@ static __attribute__((noinline)) void ct_promote(const struct xvs_ct_key *rk, co
 	struct xvs_ct_entry *fe;
 
 	ct_key(&fk, rev->snat_addr, rev->nat_addr, rev->snat_port, rev->nat_port, rk->proto, rk->family);
-	fe = bpf_map_lookup_elem(&xvs_ct_unreplied, &fk);
+	fe = ct_get(XVS_CT_TABLE_UNREPLIED, &fk);
 	if (!fe)
 		return;
-	if (bpf_map_update_elem(&xvs_conntrack, &fk, fe, BPF_ANY) ||
-	    bpf_map_update_elem(&xvs_conntrack, rk, rev, BPF_ANY))
+	if (ct_put(XVS_CT_TABLE_ESTABLISHED, &fk, fe, BPF_ANY) ||
+	    ct_put(XVS_CT_TABLE_ESTABLISHED, rk, rev, BPF_ANY))
 		return;
-	bpf_map_delete_elem(&xvs_ct_unreplied, rk);
-	bpf_map_delete_elem(&xvs_ct_unreplied, &fk);
+	ct_del(XVS_CT_TABLE_UNREPLIED, rk);
+	ct_del(XVS_CT_TABLE_UNREPLIED, &fk);
 }
 
 #endif

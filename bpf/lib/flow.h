@@ -355,19 +355,19 @@ static long snat_try(__u32 i, void *data)
 		port = bpf_htons(snat_port_at(s->range, (s->start + i) % span));
 	}
 	ct_key(&rk, s->be_addr, s->src, s->be_port, port, s->proto, s->family);
-	old = bpf_map_lookup_elem(&xvs_conntrack, &rk);
+	old = ct_get(XVS_CT_TABLE_ESTABLISHED, &rk);
 	if (old && snat_port_held(&rk, old, s->now, s->search & SNAT_SEARCH_SYN))
 		return 0;
-	young = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
+	young = ct_get(XVS_CT_TABLE_UNREPLIED, &rk);
 	if (young && ct_flow_of(&rk, young, s->now, true))
 		return 0;
 	if (flow_port_in_use(s->ctx, &rk))
 		return 0;
 	/* A new flow's reply entry goes with it into the unreplied table. */
-	if (bpf_map_update_elem(&xvs_ct_unreplied, &rk, s->rev, young ? BPF_ANY : BPF_NOEXIST))
+	if (ct_put(XVS_CT_TABLE_UNREPLIED, &rk, s->rev, young ? BPF_ANY : BPF_NOEXIST))
 		return 0;
 	if (old)
-		bpf_map_delete_elem(&xvs_conntrack, &rk); /* a dead flow's */
+		ct_del(XVS_CT_TABLE_ESTABLISHED, &rk); /* a dead flow's */
 	s->found = port;
 	return 1;
 }
@@ -509,14 +509,14 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 	else
 		ct_key(&rk, old->nat_addr, p->saddr, old->nat_port, p->sport, p->proto, p->family);
 	/* Its reply entry, in whichever table it is. */
-	rev = bpf_map_lookup_elem(&xvs_conntrack, &rk);
+	rev = ct_get(XVS_CT_TABLE_ESTABLISHED, &rk);
 	if (flow_retire_reply(p, rev)) {
-		bpf_map_delete_elem(&xvs_conntrack, &rk);
+		ct_del(XVS_CT_TABLE_ESTABLISHED, &rk);
 		return;
 	}
-	rev = bpf_map_lookup_elem(&xvs_ct_unreplied, &rk);
+	rev = ct_get(XVS_CT_TABLE_UNREPLIED, &rk);
 	if (flow_retire_reply(p, rev))
-		bpf_map_delete_elem(&xvs_ct_unreplied, &rk);
+		ct_del(XVS_CT_TABLE_UNREPLIED, &rk);
 }
 
 /* Does a live flow (in either table) hold the reply key ck? A dead one's
@@ -530,13 +530,13 @@ __noinline int flow_reply_taken(const struct xvs_ct_key *key, __u64 now)
 	if (!key)
 		return 0;
 	k = *key; /* on the stack: plain memory is no map key to Linux 6.1 */
-	have = bpf_map_lookup_elem(&xvs_conntrack, ck);
+	have = ct_get(XVS_CT_TABLE_ESTABLISHED, ck);
 	if (have) {
 		if (ct_flow_of(ck, have, now, false))
 			return true;
-		bpf_map_delete_elem(&xvs_conntrack, ck);
+		ct_del(XVS_CT_TABLE_ESTABLISHED, ck);
 	}
-	have = bpf_map_lookup_elem(&xvs_ct_unreplied, ck);
+	have = ct_get(XVS_CT_TABLE_UNREPLIED, ck);
 	return have && ct_flow_of(ck, have, now, true);
 }
 
@@ -604,17 +604,17 @@ __noinline int flow_replace(void)
 		return 0;
 	p = &sc->pkt;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	old = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+	old = ct_get(XVS_CT_TABLE_ESTABLISHED, &ck);
 	if (old && !ct_is_reply(old)) {
 		if (ct_is_snat(old))
 			prefer = old->snat_port;
 		flow_retire(p, old);
 		/* The new flow starts in the unreplied table: the old one
 		 * must not answer for its tuple meanwhile. */
-		bpf_map_delete_elem(&xvs_conntrack, &ck);
+		ct_del(XVS_CT_TABLE_ESTABLISHED, &ck);
 		return prefer;
 	}
-	old = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+	old = ct_get(XVS_CT_TABLE_UNREPLIED, &ck);
 	if (old && !ct_is_reply(old)) {
 		if (ct_is_snat(old))
 			prefer = old->snat_port;
@@ -735,7 +735,7 @@ static __always_inline int flow_new(void *ctx, const struct xvs_pkt *p, struct f
 			snat = true;
 			e->flags |= XVS_CT_F_CLASH;
 		} else {
-			bpf_map_update_elem(&xvs_ct_unreplied, &ck, e, BPF_ANY);
+			ct_put(XVS_CT_TABLE_UNREPLIED, &ck, e, BPF_ANY);
 		}
 	}
 	if (snat) {
@@ -772,7 +772,7 @@ static __always_inline int flow_new(void *ctx, const struct xvs_pkt *p, struct f
 	e->packets = 1;
 	e->bytes = res->len;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	bpf_map_update_elem(&xvs_ct_unreplied, &ck, e, BPF_ANY);
+	ct_put(XVS_CT_TABLE_UNREPLIED, &ck, e, BPF_ANY);
 
 	__builtin_memcpy(res->rw.saddr, snat ? node : p->saddr, 16);
 	res->rw.sport = sport;
@@ -846,17 +846,17 @@ static __noinline int flow_track(const struct xvs_pkt *p, struct flow_res *res)
 
 	res->now = bpf_ktime_get_ns();
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	act = flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
+	act = flow_track_in(p, &ck, ct_get(XVS_CT_TABLE_ESTABLISHED, &ck), res, false);
 	if (act != XVS_ACT_NEW)
 		return act;
-	e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+	e = ct_get(XVS_CT_TABLE_UNREPLIED, &ck);
 	act = flow_track_in(p, &ck, e, res, true);
 	if (act != XVS_ACT_PROMOTE)
 		return act;
 	/* The flow's first reply: it moves to the established table, and
 	 * the reply is handled there. */
 	ct_promote(&ck, e);
-	return flow_track_in(p, &ck, bpf_map_lookup_elem(&xvs_conntrack, &ck), res, false);
+	return flow_track_in(p, &ck, ct_get(XVS_CT_TABLE_ESTABLISHED, &ck), res, false);
 }
 
 /* Decide what to do with a parsed packet at ingress; res->len is set. ctx
@@ -898,15 +898,15 @@ static __noinline int flow_egress(const struct xvs_pkt *p, struct flow_res *res)
 	res->now = bpf_ktime_get_ns();
 	res->verdict = XVS_V_PASS;
 	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+	e = ct_get(XVS_CT_TABLE_ESTABLISHED, &ck);
 	fe = flow_egress_of(&ck, e, res->now, false);
 	if (!fe) {
 		/* The flow's first reply, still in the unreplied table. */
-		e = bpf_map_lookup_elem(&xvs_ct_unreplied, &ck);
+		e = ct_get(XVS_CT_TABLE_UNREPLIED, &ck);
 		if (!flow_egress_of(&ck, e, res->now, true))
 			return XVS_ACT_PASS;
 		ct_promote(&ck, e);
-		e = bpf_map_lookup_elem(&xvs_conntrack, &ck);
+		e = ct_get(XVS_CT_TABLE_ESTABLISHED, &ck);
 		fe = flow_egress_of(&ck, e, res->now, false);
 		if (!fe)
 			return XVS_ACT_PASS;

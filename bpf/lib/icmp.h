@@ -92,11 +92,11 @@ static __attribute__((noinline)) int icmp_nat(const struct xvs_ct_key *rk, bool 
 					      struct icmp_nat *n)
 {
 	__u64 now = bpf_ktime_get_ns();
-	struct xvs_ct_entry *e = bpf_map_lookup_elem(&xvs_conntrack, rk);
+	struct xvs_ct_entry *e = ct_get(XVS_CT_TABLE_ESTABLISHED, rk);
 	bool unreplied = false;
 
 	if (!e) {
-		e = bpf_map_lookup_elem(&xvs_ct_unreplied, rk);
+		e = ct_get(XVS_CT_TABLE_UNREPLIED, rk);
 		unreplied = true;
 	}
 	if (!e)

@@ -48,6 +48,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_ct_unreplied SEC(".maps");
 
+/* The tables the programs use, in the slots of enum xvs_ct_slot: the two
+ * above (the loader puts them there) and, while the agent resizes them,
+ * the old ones (see ct_get). The programs never name the tables
+ * themselves, so that a resize swaps them under live traffic. Inner maps
+ * of any size fit: a hash map's size is no part of its inner template. */
+struct xvs_ct_table {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct xvs_ct_key);
+	__type(value, struct xvs_ct_entry);
+	__uint(max_entries, 1);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, XVS_CT_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct xvs_ct_table);
+} xvs_ct_tables SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct xvs_frag_key);

@@ -178,6 +178,15 @@ enum xvs_ct_flags {
 	XVS_CT_F_CLASH = 1 << 13,
 };
 
+/* Slots of xvs_ct_tables: the conntrack tables in use, and while the agent
+ * resizes them, the old ones they are copied from (slot + XVS_CT_OLD). */
+enum xvs_ct_slot {
+	XVS_CT_TABLE_ESTABLISHED = 0,
+	XVS_CT_TABLE_UNREPLIED = 1,
+	XVS_CT_OLD = 2,
+	XVS_CT_SLOTS = 4,
+};
+
 /* TCP connection states, as netfilter names them (conntrack -L); UDP and
  * SCTP flows stay in XVS_CT_NONE and use the unreplied/stream timeouts. */
 enum xvs_ct_state {
