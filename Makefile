@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: bench-resize dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -202,7 +202,14 @@ bench: deps apiserver kube-proxy
 	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
 	./bin/bench -out docs/BENCHMARKS.md
 	./bin/bench monitor -out docs/BENCHMARKS-monitor.md
+	./bin/bench resize -out docs/BENCHMARKS-resize.md
 	$(MAKE) bench-peers
+
+# The conntrack resize alone (docs/BENCHMARKS-resize.md): the copy of 1M
+# entries into a table twice as large, under a loaded datapath.
+bench-resize: deps
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench resize -out docs/BENCHMARKS-resize.md
 
 # The real kube-proxy (test/kubeproxy: upstream cmd/kube-proxy of the
 # k8s.io/kubernetes module, its own Go module), built once into

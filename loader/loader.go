@@ -7,6 +7,8 @@
 //	PinPath/xvs_services       service slots: (frontend, scope, slot) -> count/flags or backend ID
 //	PinPath/xvs_backends       backend ID -> address, port, flags
 //	PinPath/xvs_conntrack      LRU conntrack, one entry per flow direction
+//	PinPath/xvs_ct_unreplied   LRU conntrack of flows without a reply yet
+//	PinPath/xvs_ct_tables      the conntrack tables the programs use, by slot (resize.go)
 //	PinPath/xvs_fragments      IPv4 fragment tracking (first fragment's ports)
 //	PinPath/xvs_svc_stats      per-CPU counters by service (frontend) ID
 //	PinPath/xvs_backend_stats  per-CPU counters by backend ID

@@ -121,6 +121,32 @@ func TestPrivConntrackResize(t *testing.T) {
 		}
 	}
 
+	// Upgraded from a build whose programs name the tables themselves (no
+	// pinned xvs_ct_tables): the old tables stay in the old slots, where
+	// the new programs find them, until FinishResize (the device
+	// attachment's) copies them.
+	if err := os.Remove(filepath.Join(cfg.PinPath, xbpf.XvsMapXvsCtTables)); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConntrackSize = 32768
+	up, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("load after an upgrade: %v", err)
+	}
+	defer up.Close()
+	if id := slotID(t, up.XvsCtTables, uint32(xbpf.XvsXvsCtSlotXVS_CT_OLD)); id == 0 || len(up.Resized()) != 0 {
+		t.Fatalf("upgrade: old slot %d, resizes %+v: want the old table kept until FinishResize", id, up.Resized())
+	}
+	if err := up.FinishResize(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(ctContents(t, up.XvsConntrack)); n != len(want[0]) || len(up.Resized()) != 2 {
+		t.Fatalf("upgrade: %d entries after FinishResize (want %d), resizes %+v", n, len(want[0]), up.Resized())
+	}
+	if id := slotID(t, up.XvsCtTables, uint32(xbpf.XvsXvsCtSlotXVS_CT_OLD)); id != 0 {
+		t.Fatalf("upgrade: old slot still holds %d after FinishResize", id)
+	}
+
 	// Interrupted after the rename: the next Load of the same size
 	// copies the old table in.
 	pinned, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinPath, xbpf.XvsMapXvsConntrack), nil)
