@@ -9,8 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // Taking over kube-proxy's connections at the switch (docs/migration.md):
@@ -19,20 +19,20 @@ import (
 // conntrack, and be dropped. The agent finds them in netfilter's conntrack
 // (kube-proxy's IPVS mode keeps them there with net.ipv4.vs.conntrack=1,
 // its iptables and nftables modes always), writes them into xvs's
-// conntrack on the backend they have (maps.Datapath.Adopt: forwarded by
+// conntrack on the backend they have (reconcile.Datapath.Adopt: forwarded by
 // the programs past netfilter, whose old entries of them would clash), and
 // deletes netfilter's entries of those it took, which nothing uses then.
 
 // connectionAdopter takes over connections another proxy translated
-// (maps.Datapath): those its next sync finds (AdoptAtNextSync, written
+// (reconcile.Datapath): those its next sync finds (AdoptAtNextSync, written
 // before the Services become visible to the programs), and any later.
 type connectionAdopter interface {
-	AdoptAtNextSync(flows []maps.AdoptedFlow)
-	Adopted() (*maps.AdoptResult, error)
-	Adopt(flows []maps.AdoptedFlow) (maps.AdoptResult, error)
+	AdoptAtNextSync(flows []reconcile.AdoptedFlow)
+	Adopted() (*reconcile.AdoptResult, error)
+	Adopt(flows []reconcile.AdoptedFlow) (reconcile.AdoptResult, error)
 }
 
-var _ connectionAdopter = (*maps.Datapath)(nil)
+var _ connectionAdopter = (*reconcile.Datapath)(nil)
 
 // adoptNotEstablished counts TCP connections not adopted because they
 // were not established (opening, or closing: their last segments are
@@ -43,7 +43,7 @@ const adoptNotEstablished = "not-established"
 // handed to the datapath for that sync.
 type adoption struct {
 	start          time.Time
-	flows          []maps.AdoptedFlow
+	flows          []reconcile.AdoptedFlow
 	notEstablished int
 }
 
@@ -84,7 +84,7 @@ func (s *syncer) finishAdoption(ad *adoption) {
 		seen[adoptedKey(f.Proto, f.Client, f.Frontend)] = true
 	}
 	if later, notEst, err := translatedFlows(); err == nil {
-		var fresh []maps.AdoptedFlow
+		var fresh []reconcile.AdoptedFlow
 		for _, f := range later {
 			if !seen[adoptedKey(f.Proto, f.Client, f.Frontend)] {
 				fresh = append(fresh, f)
@@ -119,7 +119,7 @@ func (s *syncer) finishAdoption(ad *adoption) {
 // families: those whose reply comes from another address or port than
 // their original destination (DNAT, or an IPVS NAT forward). TCP ones
 // must be established; the others are counted.
-func translatedFlows() (flows []maps.AdoptedFlow, notEstablished int, err error) {
+func translatedFlows() (flows []reconcile.AdoptedFlow, notEstablished int, err error) {
 	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
 		list, err := netlink.ConntrackTableList(netlink.ConntrackTable, fam)
 		if err != nil {
@@ -145,7 +145,7 @@ const tcpConntrackEstablished = 3
 
 // adoptedFlowOf reads a translated TCP or UDP connection of the default
 // zone from netfilter's entry.
-func adoptedFlowOf(fl *netlink.ConntrackFlow) (maps.AdoptedFlow, bool) {
+func adoptedFlowOf(fl *netlink.ConntrackFlow) (reconcile.AdoptedFlow, bool) {
 	var proto model.Protocol
 	switch fl.Forward.Protocol {
 	case unix.IPPROTO_TCP:
@@ -153,10 +153,10 @@ func adoptedFlowOf(fl *netlink.ConntrackFlow) (maps.AdoptedFlow, bool) {
 	case unix.IPPROTO_UDP:
 		proto = model.UDP
 	default:
-		return maps.AdoptedFlow{}, false
+		return reconcile.AdoptedFlow{}, false
 	}
 	if fl.Zone != 0 {
-		return maps.AdoptedFlow{}, false
+		return reconcile.AdoptedFlow{}, false
 	}
 	ap := func(ip []byte, port uint16) (netip.AddrPort, bool) {
 		a, ok := netip.AddrFromSlice(ip)
@@ -167,9 +167,9 @@ func adoptedFlowOf(fl *netlink.ConntrackFlow) (maps.AdoptedFlow, bool) {
 	backend, ok3 := ap(fl.Reverse.SrcIP, fl.Reverse.SrcPort)
 	replyTo, ok4 := ap(fl.Reverse.DstIP, fl.Reverse.DstPort)
 	if !ok1 || !ok2 || !ok3 || !ok4 || backend == frontend {
-		return maps.AdoptedFlow{}, false
+		return reconcile.AdoptedFlow{}, false
 	}
-	return maps.AdoptedFlow{Proto: proto, Client: client, Frontend: frontend, Backend: backend, ReplyTo: replyTo,
+	return reconcile.AdoptedFlow{Proto: proto, Client: client, Frontend: frontend, Backend: backend, ReplyTo: replyTo,
 		Remaining: time.Duration(fl.TimeOut) * time.Second}, true
 }
 
@@ -193,8 +193,8 @@ func (f adoptedFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 
 // deleteNetfilterFlows deletes netfilter's entries of the adopted flows
 // but the masqueraded ones, whose entries hold their masquerade ports
-// against netfilter's MASQUERADE (maps.Datapath.Adopt).
-func deleteNetfilterFlows(adopted []maps.AdoptedFlow) (uint, error) {
+// against netfilter's MASQUERADE (reconcile.Datapath.Adopt).
+func deleteNetfilterFlows(adopted []reconcile.AdoptedFlow) (uint, error) {
 	f := adoptedFilter{}
 	for _, a := range adopted {
 		if !a.Masqueraded() {

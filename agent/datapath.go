@@ -21,6 +21,7 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // Proxy modes (KubeProxyConfiguration mode, --proxy-mode).
@@ -75,9 +76,9 @@ func (f *modeFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.ipvsNoRules, "ipvs-no-rules", false, "ipvs mode: do not install the nftables masquerade and filter rules")
 	fs.StringVar(&f.eventFile, "event-file", "", "also append the Node Events xvs emits to this file, one JSON object per line")
 	fs.StringVar(&f.masqAddrs, "masquerade-address", "", "ebpf mode: comma-separated addresses (one per family) masqueraded connections leave from, instead of the egress interface's primary address")
-	fs.StringVar(&f.masqPorts, "masquerade-port-range", "", fmt.Sprintf("ebpf mode: source ports of masqueraded connections (default: %d-%d with --netfilter-mode=pass, where they must not hold a NodePort; %d-%d with bypass, where the node's ephemeral range, net.ipv4.ip_local_port_range, is skipped)", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax, maps.DefaultSNATPortMin, maps.DefaultSNATPortMax))
+	fs.StringVar(&f.masqPorts, "masquerade-port-range", "", fmt.Sprintf("ebpf mode: source ports of masqueraded connections (default: %d-%d with --netfilter-mode=pass, where they must not hold a NodePort; %d-%d with bypass, where the node's ephemeral range, net.ipv4.ip_local_port_range, is skipped)", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax, reconcile.DefaultSNATPortMin, reconcile.DefaultSNATPortMax))
 	fs.StringVar(&f.netfilter, "netfilter-mode", netfilterPass, "ebpf mode: pass (Service traffic, once translated, goes through the node's routing and netfilter FORWARD/INPUT/POSTROUTING hooks, and netfilter masquerades it by kube-proxy's mark 0x4000) or bypass (the programs forward and masquerade it themselves, past netfilter: faster, but the node's firewall and NetworkPolicy rules never see it); see docs/nodes.md")
-	fs.UintVar(&f.maglevSize, "maglev-table-size", maps.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
+	fs.UintVar(&f.maglevSize, "maglev-table-size", reconcile.DefaultMaglevSize, "ebpf mode: Maglev (mh) lookup table size, a prime")
 	fs.DurationVar(&f.lockWait, "pin-lock-wait", 60*time.Second, "ebpf mode: how long a starting agent waits for another process holding the --pin-path lock (an agent still exiting) before it gives up; one agent per pin path")
 	fs.BoolVar(&f.adopt, "adopt-connections", true, "ebpf mode: after the first sync, take over the connections kube-proxy (IPVS with net.ipv4.vs.conntrack=1, iptables or nftables) translated to the Services xvs now serves, from netfilter's conntrack, so that they carry on through xvs on the same backend (docs/migration.md)")
 	def := loader.DefaultConfig()
@@ -215,14 +216,14 @@ type (
 // each has.
 var (
 	_ Datapath            = (*ipvs.Datapath)(nil)
-	_ Datapath            = (*maps.Datapath)(nil)
-	_ fullSyncForcer      = (*maps.Datapath)(nil)
-	_ staleFlowCounter    = (*maps.Datapath)(nil)
-	_ conntrackOccupancy  = (*maps.Datapath)(nil)
-	_ mapOccupancy        = (*maps.Datapath)(nil)
-	_ serviceProblems     = (*maps.Datapath)(nil)
-	_ recoveredDatapath   = (*maps.Datapath)(nil)
-	_ conntrackReconciler = (*maps.Datapath)(nil)
+	_ Datapath            = (*reconcile.Datapath)(nil)
+	_ fullSyncForcer      = (*reconcile.Datapath)(nil)
+	_ staleFlowCounter    = (*reconcile.Datapath)(nil)
+	_ conntrackOccupancy  = (*reconcile.Datapath)(nil)
+	_ mapOccupancy        = (*reconcile.Datapath)(nil)
+	_ serviceProblems     = (*reconcile.Datapath)(nil)
+	_ recoveredDatapath   = (*reconcile.Datapath)(nil)
+	_ conntrackReconciler = (*reconcile.Datapath)(nil)
 	_ conntrackReconciler = (*ipvs.Datapath)(nil)
 	_ ruleWriter          = (*ipvs.Datapath)(nil)
 )
@@ -307,7 +308,7 @@ func parseEBPF(f settings) (ebpfParams, error) {
 	p.lcfg.Timeouts = f.mode.timeouts
 	p.ports = f.mode.masqPorts
 	if p.ports == "" {
-		p.ports = fmt.Sprintf("%d-%d", maps.DefaultSNATPortMin, maps.DefaultSNATPortMax)
+		p.ports = fmt.Sprintf("%d-%d", reconcile.DefaultSNATPortMin, reconcile.DefaultSNATPortMax)
 		if f.mode.netfilter == netfilterPass {
 			p.ports = fmt.Sprintf("%d-%d", loader.DefaultNetfilterPortMin, loader.DefaultNetfilterPortMax)
 		}
@@ -368,7 +369,7 @@ func startEBPF(f settings) (*activeDatapath, error) {
 		}
 		slog.Info("Service traffic bypasses the node's netfilter hooks (--netfilter-mode=bypass): firewall and NetworkPolicy rules there do not see it")
 	}
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{
 		MaxServices: p.lcfg.MaxServices, MaxBackends: p.lcfg.MaxBackends,
 		SNATPortMin: p.portLo, SNATPortMax: p.portHi, MaglevSize: uint32(f.mode.maglevSize),
 		MasqueradeAddrs: p.masq, NetfilterMark: nfMark,

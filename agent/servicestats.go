@@ -12,6 +12,7 @@ import (
 	"github.com/xvs-lb/xvs/maps"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // frontendAddr is a frontend as both datapaths list it: protocol and
@@ -92,7 +93,7 @@ type (
 )
 
 var (
-	_ mapsSnapshotter = (*maps.Datapath)(nil)
+	_ mapsSnapshotter = (*reconcile.Datapath)(nil)
 	_ ipvsLister      = (*ipvs.Datapath)(nil)
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // TC actions, from linux/pkt_cls.h.
@@ -38,7 +39,7 @@ func requirePrivilege(t testing.TB) {
 type env struct {
 	objs    *loader.Objects
 	m       *maps.Maps
-	dp      *maps.Datapath
+	dp      *reconcile.Datapath
 	pinPath string
 }
 
@@ -46,12 +47,12 @@ var envSeq atomic.Int64
 
 func newEnv(t testing.TB, cfg loader.Config) *env {
 	t.Helper()
-	return newEnvMaps(t, cfg, maps.Config{})
+	return newEnvMaps(t, cfg, reconcile.Config{})
 }
 
 // newEnvMaps is newEnv with the datapath's settings (mc; its sizes come
 // from cfg).
-func newEnvMaps(t testing.TB, cfg loader.Config, mc maps.Config) *env {
+func newEnvMaps(t testing.TB, cfg loader.Config, mc reconcile.Config) *env {
 	t.Helper()
 	requirePrivilege(t)
 	if err := loader.EnsureBPFFS("/sys/fs/bpf"); err != nil {
@@ -67,7 +68,7 @@ func newEnvMaps(t testing.TB, cfg loader.Config, mc maps.Config) *env {
 	t.Cleanup(func() { objs.Close() })
 	m := maps.FromObjects(objs)
 	mc.MaxServices, mc.MaxBackends = cfg.MaxServices, cfg.MaxBackends
-	dp, err := maps.NewDatapath(m, mc)
+	dp, err := reconcile.NewDatapath(m, mc)
 	if err != nil {
 		t.Fatal(err)
 	}

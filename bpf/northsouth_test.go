@@ -10,6 +10,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 var (
@@ -93,7 +94,7 @@ func TestPrivPacketMasquerade(t *testing.T) {
 	for i, c := range cases {
 		src := c.src
 		sport := uint16(41000 + i)
-		ephLo, ephHi, err := maps.EphemeralPorts()
+		ephLo, ephHi, err := reconcile.EphemeralPorts()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,9 +112,9 @@ func TestPrivPacketMasquerade(t *testing.T) {
 		if got := d.src.Addr() == nodeIP; got != c.snat {
 			t.Fatalf("%s: source %s, masquerade %v, want %v", c.name, d.src, got, c.snat)
 		}
-		if c.snat && (d.src.Port() < maps.DefaultSNATPortMin || d.src.Port() >= ephLo && d.src.Port() <= ephHi) {
+		if c.snat && (d.src.Port() < reconcile.DefaultSNATPortMin || d.src.Port() >= ephLo && d.src.Port() <= ephHi) {
 			t.Fatalf("%s: masquerade port %d outside %d-%d or inside the ephemeral range %d-%d",
-				c.name, d.src.Port(), maps.DefaultSNATPortMin, maps.DefaultSNATPortMax, ephLo, ephHi)
+				c.name, d.src.Port(), reconcile.DefaultSNATPortMin, reconcile.DefaultSNATPortMax, ephLo, ephHi)
 		}
 		// The reply, as the backend sends it, comes back to the client
 		// from the frontend.
@@ -281,7 +282,7 @@ func TestPrivPacketSCTP(t *testing.T) {
 // is not a SYN takes nothing.
 func TestPrivPacketMasqueradeClosedPort(t *testing.T) {
 	be := netip.MustParseAddrPort("10.244.1.12:8080")
-	e := newEnvMaps(t, loader.DefaultConfig(), maps.Config{SNATPortMin: 61000, SNATPortMax: 61000})
+	e := newEnvMaps(t, loader.DefaultConfig(), reconcile.Config{SNATPortMin: 61000, SNATPortMax: 61000})
 	sp := clusterIPService("web", vip, 80, model.TCP)
 	sp.Frontends = append(sp.Frontends, model.Frontend{Kind: model.NodePort, Addr: nodeIP, Port: 30080, Proto: model.TCP})
 	sp.ClusterEndpoints = []model.Endpoint{{Addr: be.Addr(), Port: be.Port(), Ready: true, Serving: true, Weight: 1}}

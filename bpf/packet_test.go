@@ -14,8 +14,8 @@ import (
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
-	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 var (
@@ -298,8 +298,8 @@ func TestPrivPacketTCPStates(t *testing.T) {
 // masquerade range, here a single port, which the first remap would have
 // used up.
 func TestPrivPacketReplyEntryClash(t *testing.T) {
-	e := newEnvMaps(t, loader.DefaultConfig(), maps.Config{SNATPortMin: 61000, SNATPortMax: 61000})
-	ephLo, ephHi, err := maps.EphemeralPorts()
+	e := newEnvMaps(t, loader.DefaultConfig(), reconcile.Config{SNATPortMin: 61000, SNATPortMax: 61000})
+	ephLo, ephHi, err := reconcile.EphemeralPorts()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,15 +8,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// batchChunk bounds one batch syscall, so that a full sync of 100k
+// BatchChunk bounds one batch syscall, so that a full sync of 100k
 // services does not build one enormous kernel copy.
-const batchChunk = 4096
+const BatchChunk = 4096
 
 // updateMany writes keys[i] -> vals[i] with batch syscalls where the
 // kernel has them and one update per element where it does not.
-func updateMany[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+func UpdateMany[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	for len(keys) > 0 {
-		n := min(len(keys), batchChunk)
+		n := min(len(keys), BatchChunk)
 		_, err := m.BatchUpdate(keys[:n], vals[:n], nil)
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			for i := range n {
@@ -33,9 +33,9 @@ func updateMany[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 }
 
 // deleteMany removes keys; keys already gone are not an error.
-func deleteMany[K any](m *ebpf.Map, keys []K) error {
+func DeleteMany[K any](m *ebpf.Map, keys []K) error {
 	for len(keys) > 0 {
-		n := min(len(keys), batchChunk)
+		n := min(len(keys), BatchChunk)
 		_, err := m.BatchDelete(keys[:n], nil)
 		if err != nil {
 			// A batch stops at the first missing key: finish one by one.
@@ -54,7 +54,7 @@ func deleteMany[K any](m *ebpf.Map, keys []K) error {
 // syscalls where the kernel has them: a full sync of 100k Services resets
 // over a million counters, which one update each made the slowest part of
 // it.
-func zeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
+func ZeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -62,9 +62,9 @@ func zeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 	if err != nil {
 		return fmt.Errorf("possible cpus: %w", err)
 	}
-	zero := make([]V, min(len(keys), batchChunk)*ncpu)
+	zero := make([]V, min(len(keys), BatchChunk)*ncpu)
 	for len(keys) > 0 {
-		n := min(len(keys), batchChunk)
+		n := min(len(keys), BatchChunk)
 		_, err := m.BatchUpdate(keys[:n], zero[:n*ncpu], nil)
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			for i := range n {
@@ -80,23 +80,23 @@ func zeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 	return nil
 }
 
-// walk calls fn with every entry of a hash map, read batchChunk entries
+// walk calls fn with every entry of a hash map, read BatchChunk entries
 // per syscall where the kernel has batch lookups (the per-key iterator
 // costs two syscalls an entry: the conntrack reaper walks half a million
 // entries every pass). fn must not keep pointers into its arguments. The
 // kernel reads a bucket at a time, so a concurrently changing map is seen
 // as by the iterator: an entry added or removed meanwhile may or may not
 // appear.
-func walk[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
+func Walk[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 	return walkBatches(m, 1, func(keys []K, vals []V) {
 		for i := range keys {
 			fn(&keys[i], &vals[i])
 		}
-	}, func() error { return walkOneByOne(m, fn) })
+	}, func() error { return WalkOneByOne(m, fn) })
 }
 
 // walkOneByOne is walk with the per-key iterator.
-func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
+func WalkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 	var k K
 	var v V
 	it := m.Iterate()
@@ -108,7 +108,7 @@ func walkOneByOne[K, V any](m *ebpf.Map, fn func(k *K, v *V)) error {
 
 // perCPUKeys is the set of keys of a per-CPU hash map with uint32 keys and
 // V values, read in batches.
-func perCPUKeys[V any](m *ebpf.Map) (map[uint32]bool, error) {
+func PerCPUKeys[V any](m *ebpf.Map) (map[uint32]bool, error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible cpus: %w", err)
@@ -134,8 +134,8 @@ func perCPUKeys[V any](m *ebpf.Map) (map[uint32]bool, error) {
 // key: the CPU count for per-CPU maps), or calls oneByOne instead on
 // kernels without batch lookups.
 func walkBatches[K, V any](m *ebpf.Map, perKey int, batch func(keys []K, vals []V), oneByOne func() error) error {
-	keys := make([]K, batchChunk)
-	vals := make([]V, batchChunk*perKey)
+	keys := make([]K, BatchChunk)
+	vals := make([]V, BatchChunk*perKey)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -93,7 +94,7 @@ func addrPortMatch(want, got netip.AddrPort) bool {
 // forward entries; expired ones are left out), sorted by frontend, then
 // client.
 func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
-	now, err := monotonicNow()
+	now, err := MonotonicNow()
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func (m *Maps) Connections(f ConnectionFilter) ([]Connection, error) {
 		if ct == nil {
 			continue
 		}
-		err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+		err := Walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 			if c, ok := liveConnection(k, e, now, i == 0); ok && f.Match(&c) {
 				out = append(out, c)
 			}
@@ -126,9 +127,9 @@ func liveConnection(k *xbpf.CtKey, e *xbpf.CtEntry, now uint64, replied bool) (C
 	c := Connection{
 		Protocol:    proto.String(),
 		Expires:     time.Duration(e.Expires - now),
-		Source:      netip.AddrPortFrom(decodeAddr(k.Saddr, k.Family), ntohs(k.Sport)),
-		Virtual:     netip.AddrPortFrom(decodeAddr(k.Daddr, k.Family), ntohs(k.Dport)),
-		Destination: netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort)),
+		Source:      netip.AddrPortFrom(DecodeAddr(k.Saddr, k.Family), Ntohs(k.Sport)),
+		Virtual:     netip.AddrPortFrom(DecodeAddr(k.Daddr, k.Family), Ntohs(k.Dport)),
+		Destination: netip.AddrPortFrom(DecodeAddr(e.NatAddr, k.Family), Ntohs(e.NatPort)),
 		Replied:     replied,
 		Packets:     e.Packets,
 		Bytes:       e.Bytes,
@@ -140,7 +141,7 @@ func liveConnection(k *xbpf.CtKey, e *xbpf.CtEntry, now uint64, replied bool) (C
 		c.State = strings.ToUpper(proto.String())
 	}
 	if flags&xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT != 0 {
-		c.Masquerade = netip.AddrPortFrom(decodeAddr(e.SnatAddr, k.Family), ntohs(e.SnatPort))
+		c.Masquerade = netip.AddrPortFrom(DecodeAddr(e.SnatAddr, k.Family), Ntohs(e.SnatPort))
 	}
 	for _, fl := range ctFlagNames {
 		if flags&fl.f != 0 {
@@ -152,7 +153,7 @@ func liveConnection(k *xbpf.CtKey, e *xbpf.CtEntry, now uint64, replied bool) (C
 
 // replyKeyOf is the reply entry's key of a flow's forward entry: backend
 // to client, or to the masquerade address.
-func replyKeyOf(k *xbpf.CtKey, e *xbpf.CtEntry) xbpf.CtKey {
+func ReplyKeyOf(k *xbpf.CtKey, e *xbpf.CtEntry) xbpf.CtKey {
 	rk := xbpf.CtKey{Saddr: e.NatAddr, Sport: e.NatPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto, Family: k.Family}
 	if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT) != 0 {
 		rk.Daddr, rk.Dport = e.SnatAddr, e.SnatPort
@@ -169,7 +170,7 @@ func replyKeyOf(k *xbpf.CtKey, e *xbpf.CtEntry) xbpf.CtKey {
 // A packet of the flow in the same instant may refresh an entry and keep
 // the flow alive; the count then includes it.
 func (m *Maps) ExpireConnections(f ConnectionFilter) (int, error) {
-	now, err := monotonicNow()
+	now, err := MonotonicNow()
 	if err != nil {
 		return 0, err
 	}
@@ -179,9 +180,9 @@ func (m *Maps) ExpireConnections(f ConnectionFilter) (int, error) {
 			continue
 		}
 		var keys []xbpf.CtKey
-		err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+		err := Walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 			if c, ok := liveConnection(k, e, now, i == 0); ok && f.Match(&c) {
-				keys = append(keys, *k, replyKeyOf(k, e))
+				keys = append(keys, *k, ReplyKeyOf(k, e))
 			}
 		})
 		if err != nil {
@@ -193,7 +194,7 @@ func (m *Maps) ExpireConnections(f ConnectionFilter) (int, error) {
 				continue // gone meanwhile, or a reply entry never written
 			}
 			e.Expires = 1 // long ago: past the reaper's grace too
-			if err := ct.Update(&k, &e, ebpf.UpdateExist); err != nil && !isNotExist(err) {
+			if err := ct.Update(&k, &e, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return n, fmt.Errorf("expire conntrack entry: %w", err)
 			}
 			if j%2 == 0 {

@@ -178,10 +178,10 @@ func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
 	// Only this run's verdict and decision count (the run may take
 	// another CPU than the last).
 	verdicts := x.clones[xbpf.XvsMapXvsVerdicts]
-	if err := zeroPerCPU[xbpf.Stats](verdicts, indices(verdicts.MaxEntries())); err != nil {
+	if err := ZeroPerCPU[xbpf.Stats](verdicts, indices(verdicts.MaxEntries())); err != nil {
 		return nil, err
 	}
-	if err := zeroPerCPU[xbpf.XvsFlowScratch](x.clones[xbpf.XvsMapXvsScratch], []uint32{0}); err != nil {
+	if err := ZeroPerCPU[xbpf.XvsFlowScratch](x.clones[xbpf.XvsMapXvsScratch], []uint32{0}); err != nil {
 		return nil, err
 	}
 	out := make([]byte, len(pkt)+256)
@@ -214,14 +214,14 @@ func (x *Explainer) seed(p ExplainPacket) error {
 		}
 		var keys []xbpf.CtKey
 		var vals []xbpf.CtEntry
-		err := walk(live, func(ck *xbpf.CtKey, e *xbpf.CtEntry) {
+		err := Walk(live, func(ck *xbpf.CtKey, e *xbpf.CtEntry) {
 			if ck.Proto == k.Proto && ck.Family == k.Family &&
 				((ck.Saddr == k.Saddr && ck.Sport == k.Sport) || (ck.Daddr == k.Saddr && ck.Dport == k.Sport)) {
 				keys, vals = append(keys, *ck), append(vals, *e)
 			}
 		})
 		if err == nil {
-			err = updateMany(x.clones[t], keys, vals)
+			err = UpdateMany(x.clones[t], keys, vals)
 		}
 		if err != nil {
 			return err
@@ -231,9 +231,9 @@ func (x *Explainer) seed(p ExplainPacket) error {
 	if live == nil {
 		return nil
 	}
-	client, _ := encodeAddr(p.From.Addr())
+	client, _ := EncodeAddr(p.From.Addr())
 	var perr error
-	err := walk(live, func(k *xbpf.AffKey, v *xbpf.AffValue) {
+	err := Walk(live, func(k *xbpf.AffKey, v *xbpf.AffValue) {
 		if k.Addr == client && perr == nil {
 			perr = x.clones[xbpf.XvsMapXvsAffinity].Put(k, v)
 		}
@@ -360,7 +360,7 @@ func (typedCopier[K, V]) copy(src, dst *ebpf.Map) error {
 	var keys []K
 	var vals []V
 	var zero V
-	err := walk(src, func(k *K, v *V) {
+	err := Walk(src, func(k *K, v *V) {
 		if *v == zero && src.Type() == ebpf.Array {
 			return
 		}
@@ -369,14 +369,14 @@ func (typedCopier[K, V]) copy(src, dst *ebpf.Map) error {
 	if err != nil {
 		return err
 	}
-	return updateMany(dst, keys, vals)
+	return UpdateMany(dst, keys, vals)
 }
 
 // clear deletes every entry (an array's: zeroes the ones that are not).
 func (typedCopier[K, V]) clear(m *ebpf.Map) error {
 	var keys []K
 	var zero V
-	err := walk(m, func(k *K, v *V) {
+	err := Walk(m, func(k *K, v *V) {
 		if *v != zero || m.Type() != ebpf.Array {
 			keys = append(keys, *k)
 		}
@@ -385,9 +385,9 @@ func (typedCopier[K, V]) clear(m *ebpf.Map) error {
 		return err
 	}
 	if m.Type() == ebpf.Array {
-		return updateMany(m, keys, make([]V, len(keys)))
+		return UpdateMany(m, keys, make([]V, len(keys)))
 	}
-	return deleteMany(m, keys)
+	return DeleteMany(m, keys)
 }
 
 type tablesCopier struct{}
@@ -405,7 +405,7 @@ func (tablesCopier) clear(m *ebpf.Map) error {
 	if err := it.Err(); err != nil {
 		return err
 	}
-	return deleteMany(m, keys)
+	return DeleteMany(m, keys)
 }
 
 // cloneTables copies the scheduler tables: each inner table into a new
@@ -440,9 +440,9 @@ func cloneTables(src, dst *ebpf.Map) error {
 }
 
 func explainCtKey(p ExplainPacket) xbpf.CtKey {
-	s, fam := encodeAddr(p.From.Addr())
-	d, _ := encodeAddr(p.To.Addr())
-	return xbpf.CtKey{Saddr: s, Daddr: d, Sport: htons(p.From.Port()), Dport: htons(p.To.Port()), Proto: uint8(p.Proto), Family: fam}
+	s, fam := EncodeAddr(p.From.Addr())
+	d, _ := EncodeAddr(p.To.Addr())
+	return xbpf.CtKey{Saddr: s, Daddr: d, Sport: Htons(p.From.Port()), Dport: Htons(p.To.Port()), Proto: uint8(p.Proto), Family: fam}
 }
 
 // readExplanation reads the run's outcome back from the copies: the
@@ -485,7 +485,7 @@ func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (
 			continue // another CPU's
 		}
 		if k := sc.Res.Key; k.Port != 0 {
-			x.Frontend = netip.AddrPortFrom(decodeAddr(k.Addr, k.Family), ntohs(k.Port)).String() + "/" + model.Protocol(k.Proto).String()
+			x.Frontend = netip.AddrPortFrom(DecodeAddr(k.Addr, k.Family), Ntohs(k.Port)).String() + "/" + model.Protocol(k.Proto).String()
 			x.Scope = "policy"
 			if k.Scope == uint8(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) {
 				x.Scope = "short-circuit"
@@ -493,8 +493,8 @@ func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (
 		}
 		if x.Action == "translate" {
 			fam := sc.Pkt.Family
-			x.Backend = netip.AddrPortFrom(decodeAddr(sc.Res.Rw.Daddr, fam), ntohs(sc.Res.Rw.Dport))
-			x.Source = netip.AddrPortFrom(decodeAddr(sc.Res.Rw.Saddr, fam), ntohs(sc.Res.Rw.Sport))
+			x.Backend = netip.AddrPortFrom(DecodeAddr(sc.Res.Rw.Daddr, fam), Ntohs(sc.Res.Rw.Dport))
+			x.Source = netip.AddrPortFrom(DecodeAddr(sc.Res.Rw.Saddr, fam), Ntohs(sc.Res.Rw.Sport))
 		}
 	}
 	if x.Action != "translate" {

@@ -1,7 +1,8 @@
 // Package maps is typed access to the xvs BPF maps: encoding of keys and
-// values from the model, batched writes in the commit order the datapath
-// relies on, stable IDs recovered from the pinned maps, and read-only
-// snapshots for listing. It never logs.
+// values from the model, batched reads and writes, read-only snapshots and
+// connection listings, explain and the monitor's reader. The ebpf
+// Datapath that writes a desired state into them is package reconcile.
+// It never logs.
 package maps
 
 import (
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
@@ -139,7 +141,7 @@ func (m *Maps) ConntrackTables() []*ebpf.Map {
 
 // Addresses travel as 16 bytes; IPv4 uses the first four, so one layout
 // serves both families.
-func encodeAddr(a netip.Addr) (addr [16]byte, family uint8) {
+func EncodeAddr(a netip.Addr) (addr [16]byte, family uint8) {
 	if a.Is4() || a.Is4In6() {
 		v4 := a.Unmap().As4()
 		copy(addr[:], v4[:])
@@ -148,7 +150,7 @@ func encodeAddr(a netip.Addr) (addr [16]byte, family uint8) {
 	return a.As16(), xbpf.FamilyIPv6
 }
 
-func decodeAddr(addr [16]byte, family uint8) netip.Addr {
+func DecodeAddr(addr [16]byte, family uint8) netip.Addr {
 	if family == xbpf.FamilyIPv4 {
 		return netip.AddrFrom4([4]byte(addr[:4]))
 	}
@@ -157,32 +159,37 @@ func decodeAddr(addr [16]byte, family uint8) netip.Addr {
 
 // Ports are stored in network byte order (__be16) inside host-order u16
 // fields: swap on little-endian hosts.
-func htons(p uint16) uint16 {
+func Htons(p uint16) uint16 {
 	var b [2]byte
 	binary.BigEndian.PutUint16(b[:], p)
 	return binary.NativeEndian.Uint16(b[:])
 }
 
-func ntohs(p uint16) uint16 { return htons(p) }
+func Ntohs(p uint16) uint16 { return Htons(p) }
 
-// frontendKey identifies a frontend independently of its kind.
-type frontendKey struct {
-	addr  netip.Addr
-	port  uint16
-	proto model.Protocol
+// FrontendKey identifies a frontend independently of its kind.
+type FrontendKey struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto model.Protocol
 }
 
-func keyOf(f model.Frontend) frontendKey {
-	return frontendKey{addr: f.Addr.Unmap(), port: f.Port, proto: f.Proto}
+func KeyOf(f model.Frontend) FrontendKey {
+	return FrontendKey{Addr: f.Addr.Unmap(), Port: f.Port, Proto: f.Proto}
 }
 
-func (k frontendKey) svcKey(scope uint8, slot uint16) xbpf.SvcKey {
-	addr, fam := encodeAddr(k.addr)
-	return xbpf.SvcKey{Addr: addr, Port: htons(k.port), Proto: uint8(k.proto), Family: fam, Scope: scope, Slot: slot}
+func (k FrontendKey) String() string {
+	return netip.AddrPortFrom(k.Addr, k.Port).String() + "/" + k.Proto.String()
 }
 
-func frontendOf(k xbpf.SvcKey) frontendKey {
-	return frontendKey{addr: decodeAddr(k.Addr, k.Family), port: ntohs(k.Port), proto: model.Protocol(k.Proto)}
+// SvcKey is the key of the frontend's slot in scope.
+func (k FrontendKey) SvcKey(scope uint8, slot uint16) xbpf.SvcKey {
+	addr, fam := EncodeAddr(k.Addr)
+	return xbpf.SvcKey{Addr: addr, Port: Htons(k.Port), Proto: uint8(k.Proto), Family: fam, Scope: scope, Slot: slot}
+}
+
+func FrontendOf(k xbpf.SvcKey) FrontendKey {
+	return FrontendKey{Addr: DecodeAddr(k.Addr, k.Family), Port: Ntohs(k.Port), Proto: model.Protocol(k.Proto)}
 }
 
 // backendKey identifies a backend: the same pod address, port and protocol
@@ -190,19 +197,48 @@ func frontendOf(k xbpf.SvcKey) frontendKey {
 // address:port of one protocol).
 // It holds no pointer (netip.Addr does), so that a map of a million of
 // them costs the garbage collector nothing to scan.
-type backendKey struct {
+type BackendKey struct {
 	addr  [16]byte // netip.Addr.As16 of the unmapped address
-	port  uint16
-	proto model.Protocol
+	Port  uint16
+	Proto model.Protocol
 }
 
-func newBackendKey(a netip.Addr, port uint16, proto model.Protocol) backendKey {
-	return backendKey{addr: a.As16(), port: port, proto: proto}
+func NewBackendKey(a netip.Addr, port uint16, proto model.Protocol) BackendKey {
+	return BackendKey{addr: a.As16(), Port: port, Proto: proto}
 }
 
 // Addr is the backend's address, IPv4 for IPv4-mapped keys.
-func (k backendKey) Addr() netip.Addr { return netip.AddrFrom16(k.addr).Unmap() }
+func (k BackendKey) Addr() netip.Addr { return netip.AddrFrom16(k.addr).Unmap() }
 
-func (k backendKey) String() string {
-	return k.proto.String() + " " + netip.AddrPortFrom(k.Addr(), k.port).String()
+func (k BackendKey) String() string {
+	return k.Proto.String() + " " + netip.AddrPortFrom(k.Addr(), k.Port).String()
+}
+
+var kinds = map[model.FrontendKind]xbpf.Kind{
+	model.ClusterIP:    xbpf.XvsXvsKindXVS_KIND_CLUSTER_IP,
+	model.NodePort:     xbpf.XvsXvsKindXVS_KIND_NODE_PORT,
+	model.ExternalIP:   xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP,
+	model.LoadBalancer: xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER,
+}
+
+// KindOf is a frontend kind as the maps hold it.
+func KindOf(k model.FrontendKind) uint8 { return uint8(kinds[k]) }
+
+// KindFromMap is KindOf's inverse; unknown values read as ClusterIP.
+func KindFromMap(k uint8) model.FrontendKind {
+	for mk, v := range kinds {
+		if uint8(v) == k {
+			return mk
+		}
+	}
+	return model.ClusterIP
+}
+
+// MonotonicNow is CLOCK_MONOTONIC in ns, the clock of conntrack expiries.
+func MonotonicNow() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("read clock: %w", err)
+	}
+	return uint64(ts.Nano()), nil
 }

@@ -141,8 +141,8 @@ func (m *Monitor) decode(raw xbpf.Event) Event {
 		Type:        "drop",
 		Reason:      reason,
 		Protocol:    model.Protocol(raw.Proto).String(),
-		Source:      netip.AddrPortFrom(decodeAddr(raw.Saddr, raw.Family), ntohs(raw.Sport)),
-		Destination: netip.AddrPortFrom(decodeAddr(raw.Daddr, raw.Family), ntohs(raw.Dport)),
+		Source:      netip.AddrPortFrom(DecodeAddr(raw.Saddr, raw.Family), Ntohs(raw.Sport)),
+		Destination: netip.AddrPortFrom(DecodeAddr(raw.Daddr, raw.Family), Ntohs(raw.Dport)),
 		Hook:        "tc",
 		Length:      raw.Len,
 	}

@@ -126,11 +126,11 @@ func VerdictName(v xbpf.Verdict) string {
 func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 	r := &snapshotReader{m: m, withStats: withStats, backends: map[uint32]xbpf.Backend{},
 		heads: map[slotRef]xbpf.SvcValue{}, slots: map[slotRef]map[uint16]uint32{}}
-	if err := walk(m.Backends, func(id *uint32, b *xbpf.Backend) { r.backends[*id] = *b }); err != nil {
+	if err := Walk(m.Backends, func(id *uint32, b *xbpf.Backend) { r.backends[*id] = *b }); err != nil {
 		return nil, err
 	}
-	err := walk(m.Services, func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
-		ref := slotRef{frontendOf(*k), k.Scope}
+	err := Walk(m.Services, func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
+		ref := slotRef{FrontendOf(*k), k.Scope}
 		if k.Slot == 0 {
 			r.heads[ref] = *v
 			return
@@ -171,7 +171,7 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 
 // slotRef names the slots of one frontend's scope.
 type slotRef struct {
-	fk    frontendKey
+	fk    FrontendKey
 	scope uint8
 }
 
@@ -190,9 +190,9 @@ type snapshotReader struct {
 // service is the view of one frontend (scope 0) and its short-circuit set.
 func (r *snapshotReader) service(ref slotRef, head xbpf.SvcValue) ServiceView {
 	sv := ServiceView{
-		Protocol:  ref.fk.proto.String(),
-		Address:   netip.AddrPortFrom(ref.fk.addr, ref.fk.port),
-		Kind:      kindFromMap(head.Kind).String(),
+		Protocol:  ref.fk.Proto.String(),
+		Address:   netip.AddrPortFrom(ref.fk.Addr, ref.fk.Port),
+		Kind:      KindFromMap(head.Kind).String(),
 		Scheduler: SchedulerName(xbpf.Sched(head.Sched)),
 		ID:        head.SvcId,
 		Group:     head.GroupId,
@@ -223,11 +223,11 @@ func (r *snapshotReader) backendViews(ref slotRef, head xbpf.SvcValue) []Backend
 		bid, ok := r.slots[ref][s]
 		be, found := r.backends[bid]
 		if !ok || !found {
-			r.snap.Orphans = append(r.snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.proto, netip.AddrPortFrom(ref.fk.addr, ref.fk.port), s))
+			r.snap.Orphans = append(r.snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.Proto, netip.AddrPortFrom(ref.fk.Addr, ref.fk.Port), s))
 			continue
 		}
 		bv := BackendView{
-			Address: netip.AddrPortFrom(decodeAddr(be.Addr, be.Family), ntohs(be.Port)),
+			Address: netip.AddrPortFrom(DecodeAddr(be.Addr, be.Family), Ntohs(be.Port)),
 			ID:      bid, Weight: be.Weight,
 			Local: be.Flags&uint8(xbpf.XvsXvsBackendFlagsXVS_BACKEND_F_LOCAL) != 0,
 		}
@@ -320,7 +320,7 @@ func (m *Maps) flowCountsFromConntrack() (map[[2]uint32]flowCounts, map[string]C
 // flowCountsOf adds one table's flows to out and returns its entries.
 func flowCountsOf(ct *ebpf.Map, now uint64, out map[[2]uint32]flowCounts) (int, error) {
 	n := 0
-	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+	err := Walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 		n++
 		flags := xbpf.CtFlags(e.Flags)
 		id := [2]uint32{e.SvcId, e.BackendId}

@@ -80,7 +80,7 @@ func (m *Metrics) RegisterConntrack(read func() map[string]ConntrackTable) error
 
 // RegisterMapOccupancy exports xvs_bpf_map_entries{map} and
 // xvs_bpf_map_capacity{map} from read, called on every scrape: the BPF
-// maps whose fill the agent accounts for (maps.Datapath.MapOccupancy: a
+// maps whose fill the agent accounts for (reconcile.Datapath.MapOccupancy: a
 // ServicePort that would overflow one is refused alone).
 func (m *Metrics) RegisterMapOccupancy(read func() map[string][2]uint64) error {
 	entries := prometheus.NewDesc("xvs_bpf_map_entries",

@@ -334,7 +334,7 @@ func (st *State) ChangedSince(gen uint64) ([]ServicePortName, bool) {
 	return nil, false
 }
 
-// Datapath realises a State. Implementations: the BPF maps (maps.Datapath)
+// Datapath realises a State. Implementations: the BPF maps (reconcile.Datapath)
 // and kernel IPVS (ipvs.Datapath).
 type Datapath interface {
 	// Sync makes the datapath match st. It may be called with the same

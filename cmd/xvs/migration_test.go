@@ -298,7 +298,7 @@ func startMigrationFlows(t *testing.T, w *harness.Single, through func(*lab.NS, 
 // every stream carries on with every byte intact, the UDP client keeps its
 // backend, a new connection works and the agent says it took all four
 // over; without it, streams stall. A masqueraded UDP client is not taken
-// over (maps.Datapath.Adopt): it only has to be answered again.
+// over (reconcile.Datapath.Adopt): it only has to be answered again.
 func (f *migrationFlows) verdict(t *testing.T, w *harness.Single, adopted, masqueraded bool) {
 	t.Helper()
 	switched := time.Now()

@@ -31,6 +31,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // The shape of the benchmark.
@@ -147,7 +148,7 @@ type caseResult struct{ Xvs, Empty stat }
 // sizeResult is everything measured at one number of Services.
 type sizeResult struct {
 	N     int
-	Sync  time.Duration // one full maps.Datapath.Sync from empty maps
+	Sync  time.Duration // one full reconcile.Datapath.Sync from empty maps
 	RSS   uint64        // bytes, right after the sync
 	Heap  uint64        // live Go heap bytes after the sync and a GC
 	Cases [numCases]caseResult
@@ -312,7 +313,7 @@ func measureSize(ctx context.Context, cfg loader.Config, n int, opts Options) (r
 // programs a node at start, and reports its wall time, the RSS after it,
 // and the live heap (the RSS also counts garbage the GC has not returned).
 func programServices(ctx context.Context, objs *loader.Objects, cfg loader.Config, n int) (took time.Duration, rss, heap uint64, err error) {
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -697,7 +698,7 @@ func joinInts(ns []int) string {
 
 func writeMethod(b *bytes.Buffer, opts Options, cfg loader.Config) {
 	fmt.Fprintf(b, "## Method\n\n")
-	fmt.Fprintf(b, `- At each size N, fresh objects are loaded under a private pin path and N ClusterIP Services (port 80/TCP, %d ready backends each, no VIP or backend shared) are programmed with one `+"`maps.Datapath.Sync`"+`.
+	fmt.Fprintf(b, `- At each size N, fresh objects are loaded under a private pin path and N ClusterIP Services (port 80/TCP, %d ready backends each, no VIP or backend shared) are programmed with one `+"`reconcile.Datapath.Sync`"+`.
 - Maps are sized identically at every size (service slots %d, services %d, backends %d, conntrack %d), so only the number of entries changes.
 - Every sample is one `+"`BPF_PROG_TEST_RUN`"+` with repeat 1, and its time is the kernel's measurement of that run (no syscall overhead). Repeat 1 because a repeated run reuses the skb the previous run already DNATed, which then no longer targets the VIP.
 - Each sample runs the same packet through `+"`xvs_tc_ingress`"+` and through `+"`xvs_tc_empty`"+` (the floor: an empty tc program, i.e. what the test harness itself costs), interleaved and in alternating order, on one pinned CPU.
@@ -771,7 +772,7 @@ func yesNo(ok bool) string {
 
 func writeSync(b *bytes.Buffer, rs []sizeResult) {
 	fmt.Fprintf(b, "## Control plane: full sync\n\n")
-	fmt.Fprintf(b, "One `maps.Datapath.Sync` of all N Services into empty maps, as the agent does at start: N x %d service slots (head + one per backend), N x %d backends, and the counters of every fresh ID zeroed. ", 1+backendsPerService, backendsPerService)
+	fmt.Fprintf(b, "One `reconcile.Datapath.Sync` of all N Services into empty maps, as the agent does at start: N x %d service slots (head + one per backend), N x %d backends, and the counters of every fresh ID zeroed. ", 1+backendsPerService, backendsPerService)
 	fmt.Fprintf(b, "RSS is the benchmark process's VmRSS right after the sync (it also counts garbage the Go runtime has not returned yet); live heap is the Go heap in use after a GC that follows. Both include the `model.State` and the Datapath's bookkeeping, as an agent holds them, plus a little of the benchmark's own; BPF map memory is kernel memory and in neither.\n\n")
 	fmt.Fprintf(b, "| Services | Backends | Full sync | Per Service | RSS after (MiB) | Live heap (MiB) |\n|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {

@@ -32,6 +32,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // The control-plane goals.
@@ -82,13 +83,13 @@ type controlResult struct {
 	N        int
 	Handlers time.Duration // feeding every Service and EndpointSlice to the Tracker
 	Build    time.Duration // Tracker.Build of the first State
-	Sync     time.Duration // maps.Datapath.Sync into empty maps
+	Sync     time.Duration // reconcile.Datapath.Sync into empty maps
 	// CPU and SyncCPU are the process's user+system time over handlers,
 	// build and sync, and over the sync alone: unlike wall time, other
 	// tenants of the machine do not add to them.
 	CPU, SyncCPU time.Duration
 	// ChangeBuild and ChangeSync split the changes' syncs into
-	// Tracker.Build and maps.Datapath.Sync.
+	// Tracker.Build and reconcile.Datapath.Sync.
 	ChangeBuild, ChangeSync []time.Duration
 	RSS                     uint64 // VmRSS right after the sync
 	HWM                     uint64 // VmHWM: the peak resident set of the process
@@ -205,7 +206,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 		return res, err
 	}
 	defer objs.Close()
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		return res, err
 	}
@@ -448,7 +449,7 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 		return b.Bytes()
 	}
 	fmt.Fprintf(&b, "Command: `%s` (control sizes %s, %d EndpointSlice changes at the largest).\n\n", opts.Command, joinInts(opts.Control.Sizes), opts.Control.Changes)
-	fmt.Fprintf(&b, `Each size runs in a fresh child process (the benchmark binary re-executed), so its memory figures are that size's alone. The child loads fresh objects with maps sized for the size, makes N Services (ClusterIP, port 80/TCP) and one EndpointSlice each with %d ready endpoints (no endpoint shared: N x %d backends), and feeds them through the agent's own pipeline: every object through `+"`controller.Tracker`"+`'s informer handlers (as an informer's initial list does; objects are built in memory, not decoded from YAML or fetched from an API server), one `+"`Tracker.Build`"+`, one `+"`maps.Datapath.Sync`"+` into empty maps. RSS is VmRSS right after the sync; peak is VmHWM over the child's life; both include the Kubernetes objects the tracker holds (an agent's informer cache holds them too).
+	fmt.Fprintf(&b, `Each size runs in a fresh child process (the benchmark binary re-executed), so its memory figures are that size's alone. The child loads fresh objects with maps sized for the size, makes N Services (ClusterIP, port 80/TCP) and one EndpointSlice each with %d ready endpoints (no endpoint shared: N x %d backends), and feeds them through the agent's own pipeline: every object through `+"`controller.Tracker`"+`'s informer handlers (as an informer's initial list does; objects are built in memory, not decoded from YAML or fetched from an API server), one `+"`Tracker.Build`"+`, one `+"`reconcile.Datapath.Sync`"+` into empty maps. RSS is VmRSS right after the sync; peak is VmHWM over the child's life; both include the Kubernetes objects the tracker holds (an agent's informer cache holds them too).
 
 `, backendsPerService, backendsPerService)
 	if p := plots["control"]; p != "" {
@@ -467,7 +468,7 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 	var s []time.Duration
 	if len(last.Changes) > 0 {
 		s = slices.Sorted(slices.Values(last.Changes))
-		fmt.Fprintf(&b, "**One EndpointSlice change to the maps at %d Services** (%d changes): p50 %v, p99 %v, max %v; of which `Tracker.Build` p50 %v (p99 %v) and `maps.Datapath.Sync` p50 %v (p99 %v). Each change adds an 11th endpoint to one Service's slice or takes it away again, through `Tracker.OnEndpointSliceUpdate` (what the informer calls), the agent's bounded-frequency runner (min sync period %v; changes are spaced wider, so none waits for it), `Tracker.Build` and `maps.Datapath.Sync`; the clock stops when a lookup of the Service's head in the pinned services map shows the new endpoint count (polled every 100 µs). The API server's watch latency and the file source's re-reading of its directory are not in it.\n\n",
+		fmt.Fprintf(&b, "**One EndpointSlice change to the maps at %d Services** (%d changes): p50 %v, p99 %v, max %v; of which `Tracker.Build` p50 %v (p99 %v) and `reconcile.Datapath.Sync` p50 %v (p99 %v). Each change adds an 11th endpoint to one Service's slice or takes it away again, through `Tracker.OnEndpointSliceUpdate` (what the informer calls), the agent's bounded-frequency runner (min sync period %v; changes are spaced wider, so none waits for it), `Tracker.Build` and `reconcile.Datapath.Sync`; the clock stops when a lookup of the Service's head in the pinned services map shows the new endpoint count (polled every 100 µs). The API server's watch latency and the file source's re-reading of its directory are not in it.\n\n",
 			last.N, len(s), percentile(s, 0.5).Round(time.Microsecond*10), percentile(s, 0.99).Round(time.Microsecond*10), s[len(s)-1].Round(time.Microsecond*10),
 			percentile(slices.Sorted(slices.Values(last.ChangeBuild)), 0.5).Round(time.Microsecond*10),
 			percentile(slices.Sorted(slices.Values(last.ChangeBuild)), 0.99).Round(time.Microsecond*10),

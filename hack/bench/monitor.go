@@ -23,6 +23,7 @@ import (
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // The drop monitor's cost under a flood of dropped packets (bin/bench
@@ -101,7 +102,7 @@ func measureMonitor(ctx context.Context, rounds, repeat int) (_ []monitorResult,
 		return nil, err
 	}
 	defer objs.Close()
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		return nil, err
 	}

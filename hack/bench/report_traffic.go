@@ -134,7 +134,7 @@ func trafficReport(opts Options, rs []trafficResult, plots map[string]string) []
 - N ClusterIP Services: Service i is %s+1+i port %d/TCP with the three pods on port %d as endpoints.
 - Datapaths:
   - **%s**: the client connects to the pod addresses themselves, through the same node, with nothing installed (no rules, no conntrack, no program).
-  - **%s**: the xvs objects loaded in-process with `+"`loader.Load`"+` (maps sized for the largest N of the run), the N Services written with one `+"`maps.Datapath.Sync`"+`, and the tc program attached to the client's and the pods' node-side interfaces, as the agent does (the agent binary's map sizes are fixed at 65536 Services, below 100k).
+  - **%s**: the xvs objects loaded in-process with `+"`loader.Load`"+` (maps sized for the largest N of the run), the N Services written with one `+"`reconcile.Datapath.Sync`"+`, and the tc program attached to the client's and the pods' node-side interfaces, as the agent does (the agent binary's map sizes are fixed at 65536 Services, below 100k).
   - **%s**: kube-proxy's nftables-mode shape loaded with `+"`nft -f`"+` (table `+"`ip kube-proxy`"+`: a service-ips verdict map to a chain per Service, `+"`numgen random mod 3 vmap`"+` to endpoint chains that DNAT, masquerade marking, the cluster-ips check for new connections in forward). %s.
   - **%s**: kube-proxy's iptables-mode shape loaded with `+"`iptables-restore`"+` (nat KUBE-SERVICES with one rule per Service, KUBE-SVC-* chains with `+"`statistic --mode random`"+` probabilities 1/3, 1/2, 1, KUBE-SEP-* chains that DNAT, KUBE-MARK-MASQ/KUBE-POSTROUTING, filter KUBE-FORWARD). %s.
 - The load generator (hack/bench/loadgen.go) runs inside the client namespace: %d worker threads that joined it, each with raw non-blocking sockets and poll(2). **Connections per second**: each worker loops connect, send %d bytes, read the %d-byte reply, close; worker w's k-th connection goes to VIP (w + k*workers) mod N, so the connections sweep all N Services. **connect() time** of those connections (SYN sent to SYN-ACK received, plus two syscalls) is the first-packet latency. **Requests per second**: each worker keeps one connection open and loops request and reply. The client closes first and reuses TIME_WAIT ports (tcp_tw_reuse).
@@ -317,7 +317,7 @@ func writeLatencyTable(b *bytes.Buffer, rs []trafficResult) {
 
 func writeProgramTable(b *bytes.Buffer, rs []trafficResult) {
 	fmt.Fprintf(b, "### Time to program N Services (3 endpoints each)\n\n")
-	fmt.Fprintf(b, "First round; xvs: one `maps.Datapath.Sync` into empty maps; nftables: `nft -f` of the whole rule set; iptables: `iptables-restore` of the whole rule set (rule rendering not counted); agent: from the agent's start to the last Service answering (reading the manifests, translating, programming).\n\n")
+	fmt.Fprintf(b, "First round; xvs: one `reconcile.Datapath.Sync` into empty maps; nftables: `nft -f` of the whole rule set; iptables: `iptables-restore` of the whole rule set (rule rendering not counted); agent: from the agent's start to the last Service answering (reading the manifests, translating, programming).\n\n")
 	ds := slices.DeleteFunc(present(rs), func(d datapath) bool { return d == dpFloor })
 	fmt.Fprintf(b, "| Services |")
 	for _, d := range ds {

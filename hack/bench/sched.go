@@ -12,6 +12,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // benchSchedulers are the schedulers whose new-flow cost is measured.
@@ -94,13 +95,13 @@ func measureSchedulers(ctx context.Context, opts Options) (sb schedBench, err er
 	var builds []time.Duration
 	for range maglevBuilds {
 		start := time.Now()
-		if _, err := maps.MaglevTable(names, maps.DefaultMaglevSize); err != nil {
+		if _, err := reconcile.MaglevTable(names, reconcile.DefaultMaglevSize); err != nil {
 			return sb, err
 		}
 		builds = append(builds, time.Since(start))
 	}
 	sb.MaglevBuild = summarise(builds)
-	logf(opts.Log, "maglev: %d backends, M=%d: %.2f ms (median)", maglevBackends, maps.DefaultMaglevSize, sb.MaglevBuild.Median/1e6)
+	logf(opts.Log, "maglev: %d backends, M=%d: %.2f ms (median)", maglevBackends, reconcile.DefaultMaglevSize, sb.MaglevBuild.Median/1e6)
 	return sb, nil
 }
 
@@ -113,14 +114,14 @@ func writeSchedulers(b *bytes.Buffer, sb schedBench) {
 		fmt.Fprintf(b, "| %s | %.0f | %.1f | %.2fx |\n", r.Name, r.Xvs.Median, r.Xvs.Mean, ratio(r.Xvs.Median, base))
 	}
 	fmt.Fprintf(b, "\nEmpty program over the same packets: %.0f ns (median).\n\n", sb.Floor.Median)
-	fmt.Fprintf(b, "**Maglev table build** (`maps.MaglevTable`, M = %d, %d backends, median of %d builds): %.2f ms, mean %.2f ms. Goal %v or less: %s.\n\n",
-		maps.DefaultMaglevSize, maglevBackends, maglevBuilds, sb.MaglevBuild.Median/1e6, sb.MaglevBuild.Mean/1e6, maglevGoal, yesNo(sb.MaglevBuild.Median <= float64(maglevGoal)))
+	fmt.Fprintf(b, "**Maglev table build** (`reconcile.MaglevTable`, M = %d, %d backends, median of %d builds): %.2f ms, mean %.2f ms. Goal %v or less: %s.\n\n",
+		reconcile.DefaultMaglevSize, maglevBackends, maglevBuilds, sb.MaglevBuild.Median/1e6, sb.MaglevBuild.Mean/1e6, maglevGoal, yesNo(sb.MaglevBuild.Median <= float64(maglevGoal)))
 }
 
 // privateDatapath loads fresh objects under a pin path of this process's
 // own (tag names it) and takes over their maps; done closes the objects and
 // removes the pins.
-func privateDatapath(cfg loader.Config, tag string) (*loader.Objects, *maps.Datapath, func() error, error) {
+func privateDatapath(cfg loader.Config, tag string) (*loader.Objects, *reconcile.Datapath, func() error, error) {
 	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-%s", os.Getpid(), tag))
 	_ = os.RemoveAll(cfg.PinPath)
 	remove := func() error {
@@ -138,7 +139,7 @@ func privateDatapath(cfg loader.Config, tag string) (*loader.Objects, *maps.Data
 		objs.Close()
 		return remove()
 	}
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		done()
 		return nil, nil, nil, err

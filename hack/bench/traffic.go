@@ -21,6 +21,7 @@ import (
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
+	"github.com/xvs-lb/xvs/reconcile"
 )
 
 // The real-traffic topology: one node namespace forwarding between a
@@ -359,7 +360,7 @@ func firstLines(s string, n int) string {
 }
 
 // installXvs loads fresh objects (maps sized for the largest size of the
-// run), programs the Services with one maps.Datapath.Sync, and attaches
+// run), programs the Services with one reconcile.Datapath.Sync, and attaches
 // the tc program to the node's client and pod interfaces, as the agent
 // does; removal detaches everything and deletes the pins.
 func (w *trafficWorld) installXvs(ctx context.Context, n, maxN int) (time.Duration, func() error, error) {
@@ -383,7 +384,7 @@ func (w *trafficWorld) installXvs(ctx context.Context, n, maxN int) (time.Durati
 	if w.prog, err = objs.XvsTcIngress.Clone(); err != nil {
 		return 0, nil, errors.Join(err, remove())
 	}
-	dp, err := maps.NewDatapath(maps.FromObjects(objs), maps.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
+	dp, err := reconcile.NewDatapath(maps.FromObjects(objs), reconcile.Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		return 0, nil, errors.Join(err, remove())
 	}

@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -28,18 +29,18 @@ func frontendSets(sp *model.ServicePort, f model.Frontend) (sets [2][]model.Endp
 
 // backendOf is the backend an endpoint of frontend fk is; false when the
 // endpoint is of the other family (a frontend only balances to its own).
-func backendOf(fk frontendKey, ep model.Endpoint) (backendKey, bool) {
+func backendOf(fk maps.FrontendKey, ep model.Endpoint) (maps.BackendKey, bool) {
 	a := ep.Addr.Unmap()
-	if a.Is4() != fk.addr.Is4() {
-		return backendKey{}, false
+	if a.Is4() != fk.Addr.Is4() {
+		return maps.BackendKey{}, false
 	}
-	return newBackendKey(a, ep.Port, fk.proto), true
+	return maps.NewBackendKey(a, ep.Port, fk.Proto), true
 }
 
 // plan computes the entries of one ServicePort. It takes a frontend only
 // once every ID it needs is allocated, so that release can recompute what
 // it took from sp and the frontends it owns.
-func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
+func (d *Datapath) plan(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[maps.FrontendKey]bool) error {
 	prev := d.previous[name]
 	err := d.planFitting(name, sp, ws, released)
 	if errors.Is(err, errNoRoom) && prev != nil && prev.sp != nil && prev.sp != sp {
@@ -57,7 +58,7 @@ var errNoRoom = errors.New("no room")
 
 // planFitting is plan for sp, if the services and source-ranges maps can
 // take its entries.
-func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[frontendKey]bool) error {
+func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort, ws *writeSet, released map[maps.FrontendKey]bool) error {
 	a := &appliedService{sp: sp}
 	d.applied[name] = a
 	if sp == nil {
@@ -67,7 +68,7 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 		a.sp = nil // nothing of it is programmed
 		return err
 	}
-	sched, err := SchedulerByName(sp.Scheduler)
+	sched, err := maps.SchedulerByName(sp.Scheduler)
 	if err != nil {
 		// One bad annotation must not stop the other services.
 		d.problem(name, "%s: %v; using random", name, err)
@@ -78,12 +79,12 @@ func (d *Datapath) planFitting(name model.ServicePortName, sp *model.ServicePort
 	}
 	pp := &portPlan{name: name, sp: sp, a: a, sched: sched, groupID: groupID, ws: ws, released: released}
 	for _, f := range sp.Frontends {
-		fk := keyOf(f)
+		fk := maps.KeyOf(f)
 		if owner, ok := d.owners[fk]; ok && owner != name {
 			d.problem(name, "%s %s is already served by %s", name, f, owner)
 			continue
 		}
-		if slices.ContainsFunc(a.frontends, func(o model.Frontend) bool { return keyOf(o) == fk }) {
+		if slices.ContainsFunc(a.frontends, func(o model.Frontend) bool { return maps.KeyOf(o) == fk }) {
 			continue // the same address listed twice
 		}
 		if err := d.planFrontend(pp, f); err != nil {
@@ -118,7 +119,7 @@ type portPlan struct {
 	sched    xbpf.Sched
 	groupID  uint32
 	ws       *writeSet
-	released map[frontendKey]bool
+	released map[maps.FrontendKey]bool
 	ids      [2][]uint32 // backend IDs per scope, reused from frontend to frontend
 }
 
@@ -127,7 +128,7 @@ type portPlan struct {
 // scheduler table, members and source ranges.
 func (d *Datapath) planFrontend(pp *portPlan, f model.Frontend) error {
 	ws, sp, name := pp.ws, pp.sp, pp.name
-	fk := keyOf(f)
+	fk := maps.KeyOf(f)
 	sets, scopes := frontendSets(sp, f)
 	ws.undo = ws.undo[:0] // only this frontend's writes can be undone
 	mark := ws.mark()
@@ -163,8 +164,8 @@ func (d *Datapath) planFrontend(pp *portPlan, f model.Frontend) error {
 	delete(pp.released, fk)
 	pp.a.frontends = append(pp.a.frontends, f)
 	if f.Kind == model.ClusterIP {
-		d.node.clusterIPs[fk.addr]++
-		d.node.dirtyIPs[fk.addr] = true
+		d.node.clusterIPs[fk.Addr]++
+		d.node.dirtyIPs[fk.Addr] = true
 	}
 
 	head := headOf(sp, f, svcID, pp.groupID, pp.sched, scopes)
@@ -188,7 +189,7 @@ func (d *Datapath) planFrontend(pp *portPlan, f model.Frontend) error {
 			h.Sched = uint8(xbpf.XvsXvsSchedXVS_SCHED_RANDOM)
 		}
 		d.planMembers(sk, sp.Affinity.ClientIP, set, ws)
-		ws.headKeys = append(ws.headKeys, fk.svcKey(uint8(scope), 0))
+		ws.headKeys = append(ws.headKeys, fk.SvcKey(uint8(scope), 0))
 		ws.headVals = append(ws.headVals, h)
 		written.n[scope] = n
 		written.shortCircuit = written.shortCircuit || scope == 1
@@ -200,7 +201,7 @@ func (d *Datapath) planFrontend(pp *portPlan, f model.Frontend) error {
 // headOf is frontend f's head (slot 0) without its count and table size:
 // its IDs, scheduler, kind and the flags the program tests.
 func headOf(sp *model.ServicePort, f model.Frontend, svcID, groupID uint32, sched xbpf.Sched, scopes int) xbpf.SvcValue {
-	head := xbpf.SvcValue{SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: kindOf(f.Kind)}
+	head := xbpf.SvcValue{SvcId: svcID, GroupId: groupID, Sched: uint8(sched), Kind: maps.KindOf(f.Kind)}
 	if sp.HasEndpointsFor(f.Addr) {
 		head.Flags |= uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS)
 	}
@@ -226,9 +227,9 @@ func headOf(sp *model.ServicePort, f model.Frontend, svcID, groupID uint32, sche
 // needs a head and a slot per backend of its family, per scope, and an LB
 // frontend one entry per source range (sourceRangeKeys).
 func (d *Datapath) growth(name model.ServicePortName, sp *model.ServicePort) (slots, ranges int) {
-	seen := make(map[frontendKey]bool, len(sp.Frontends))
+	seen := make(map[maps.FrontendKey]bool, len(sp.Frontends))
 	for _, f := range sp.Frontends {
-		fk := keyOf(f)
+		fk := maps.KeyOf(f)
 		if owner, ok := d.owners[fk]; ok && owner != name || seen[fk] {
 			continue
 		}
@@ -265,7 +266,7 @@ func (d *Datapath) growth(name model.ServicePortName, sp *model.ServicePort) (sl
 // slot order, allocating and queueing the writes of new or changed ones.
 // It takes no reference: the caller takes them, or undoes the
 // allocations.
-func (d *Datapath) backendIDsFor(fk frontendKey, eps []model.Endpoint, ids []uint32, ws *writeSet) ([]uint32, error) {
+func (d *Datapath) backendIDsFor(fk maps.FrontendKey, eps []model.Endpoint, ids []uint32, ws *writeSet) ([]uint32, error) {
 	for _, ep := range eps {
 		bk, ok := backendOf(fk, ep)
 		if !ok {
@@ -282,7 +283,7 @@ func (d *Datapath) backendIDsFor(fk frontendKey, eps []model.Endpoint, ids []uin
 
 // planSlots queues slots 1..N of one (frontend, scope), takes a reference
 // on each backend, and returns the backends in slot order.
-func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, ids []uint32, svcID uint32, ws *writeSet) []tableBackend {
+func (d *Datapath) planSlots(fk maps.FrontendKey, scope uint8, eps []model.Endpoint, ids []uint32, svcID uint32, ws *writeSet) []tableBackend {
 	set := make([]tableBackend, 0, len(ids))
 	for _, ep := range eps {
 		bk, ok := backendOf(fk, ep)
@@ -294,7 +295,7 @@ func (d *Datapath) planSlots(fk frontendKey, scope uint8, eps []model.Endpoint, 
 		d.backends[bk] = e
 		id := ids[len(set)]
 		n := uint16(len(set) + 1)
-		ws.slotKeys = append(ws.slotKeys, fk.svcKey(scope, n))
+		ws.slotKeys = append(ws.slotKeys, fk.SvcKey(scope, n))
 		ws.slotVals = append(ws.slotVals, xbpf.SvcValue{BackendId: id, SvcId: svcID})
 		set = append(set, tableBackend{id: id, weight: ep.SchedWeight(), key: bk})
 	}
@@ -423,7 +424,7 @@ func (ws *writeSet) mark() wsMark {
 
 // backendUndo is a backend entry as it was before this sync changed it.
 type backendUndo struct {
-	key     backendKey
+	key     maps.BackendKey
 	entry   backendEntry
 	existed bool
 }
@@ -449,7 +450,7 @@ func (d *Datapath) undoBackends(ws *writeSet, m wsMark) {
 
 // backend returns bk's ID, allocating one for a new backend and queueing
 // a write when the backend is new or its attributes changed.
-func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
+func (d *Datapath) backend(bk maps.BackendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
 	e, ok := d.backends[bk]
 	if !ok {
 		id, err := d.backendIDs.alloc()
@@ -472,10 +473,10 @@ func (d *Datapath) backend(bk backendKey, ep model.Endpoint, ws *writeSet) (uint
 		ws.undo = append(ws.undo, backendUndo{key: bk, entry: d.backends[bk], existed: ok})
 		e.weight, e.flags = weight, flags
 		d.backends[bk] = e
-		addr, fam := encodeAddr(bk.Addr())
+		addr, fam := maps.EncodeAddr(bk.Addr())
 		ws.backendKeys = append(ws.backendKeys, e.id)
 		ws.backendVals = append(ws.backendVals, xbpf.Backend{
-			Addr: addr, Port: htons(bk.port), Family: fam, Proto: uint8(bk.proto), Weight: weight, Flags: flags,
+			Addr: addr, Port: maps.Htons(bk.Port), Family: fam, Proto: uint8(bk.Proto), Weight: weight, Flags: flags,
 		})
 	}
 	return e.id, nil
@@ -488,7 +489,7 @@ func (d *Datapath) groupID(name model.ServicePortName, sp *model.ServicePort) (u
 		return id, nil
 	}
 	for _, f := range sp.Frontends {
-		if gid, ok := d.recovered[keyOf(f)]; ok && gid != 0 {
+		if gid, ok := d.recovered[maps.KeyOf(f)]; ok && gid != 0 {
 			if !d.groupIDs.isTaken(gid) {
 				d.groupIDs.restore(name, gid)
 				return gid, nil
@@ -500,15 +501,15 @@ func (d *Datapath) groupID(name model.ServicePortName, sp *model.ServicePort) (u
 }
 
 // dropStaleSlots deletes slots beyond the new counts, after slot 0 shrank.
-func (d *Datapath) dropStaleSlots(fk frontendKey, svcID uint32, written slotCounts, ws *writeSet) {
+func (d *Datapath) dropStaleSlots(fk maps.FrontendKey, svcID uint32, written slotCounts, ws *writeSet) {
 	old := d.counts[fk]
 	if old.shortCircuit && !written.shortCircuit {
-		ws.delSlots = append(ws.delSlots, fk.svcKey(1, 0))
+		ws.delSlots = append(ws.delSlots, fk.SvcKey(1, 0))
 		d.dropSchedState(xbpf.SchedKey{SvcId: svcID, Scope: 1}, ws)
 	}
 	for scope := range 2 {
 		for s := written.n[scope] + 1; s <= old.n[scope]; s++ {
-			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
+			ws.delSlots = append(ws.delSlots, fk.SvcKey(uint8(scope), s))
 		}
 	}
 	if _, ok := d.counts[fk]; ok {
@@ -520,15 +521,15 @@ func (d *Datapath) dropStaleSlots(fk frontendKey, svcID uint32, written slotCoun
 
 // dropFrontend deletes a frontend: heads first, so packets stop finding it
 // before its slots go.
-func (d *Datapath) dropFrontend(fk frontendKey, ws *writeSet) {
+func (d *Datapath) dropFrontend(fk maps.FrontendKey, ws *writeSet) {
 	old := d.counts[fk]
-	ws.delSlots = append(ws.delSlots, fk.svcKey(0, 0))
+	ws.delSlots = append(ws.delSlots, fk.SvcKey(0, 0))
 	if old.shortCircuit {
-		ws.delSlots = append(ws.delSlots, fk.svcKey(1, 0))
+		ws.delSlots = append(ws.delSlots, fk.SvcKey(1, 0))
 	}
 	for scope := range 2 {
 		for s := uint16(1); s <= old.n[scope]; s++ {
-			ws.delSlots = append(ws.delSlots, fk.svcKey(uint8(scope), s))
+			ws.delSlots = append(ws.delSlots, fk.SvcKey(uint8(scope), s))
 		}
 	}
 	if _, ok := d.counts[fk]; ok {

@@ -1,10 +1,11 @@
-package maps
+package reconcile
 
 import (
 	"fmt"
 	"net/netip"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -40,12 +41,12 @@ func servingSet(sp *model.ServicePort) map[netip.AddrPort]bool {
 // their backend is still serving.
 type staleFlows struct {
 	st      *model.State
-	owners  map[frontendKey]model.ServicePortName
-	touched map[frontendKey]bool
+	owners  map[maps.FrontendKey]model.ServicePortName
+	touched map[maps.FrontendKey]bool
 	sets    map[model.ServicePortName]map[netip.AddrPort]bool
 }
 
-func (s *staleFlows) stale(fk frontendKey, backend netip.AddrPort) bool {
+func (s *staleFlows) stale(fk maps.FrontendKey, backend netip.AddrPort) bool {
 	if !s.touched[fk] {
 		return false
 	}
@@ -68,7 +69,7 @@ func (s *staleFlows) stale(fk frontendKey, backend netip.AddrPort) bool {
 // flushStale deletes the UDP and SCTP flows (both conntrack entries) and
 // the socket-level choices of the frontends in touched whose backend no
 // longer serves them, counting them per family in d.staleDeleted.
-func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) error {
+func (d *Datapath) flushStale(st *model.State, touched map[maps.FrontendKey]bool) error {
 	if len(touched) == 0 {
 		return nil
 	}
@@ -85,8 +86,8 @@ func (d *Datapath) flushStale(st *model.State, touched map[frontendKey]bool) err
 			return
 		}
 		fam := sockFamily(sk.Addr)
-		fk := frontendKey{addr: decodeAddr(sk.Addr, fam), port: ntohs(sk.Port), proto: model.Protocol(sk.Proto)}
-		if s.stale(fk, netip.AddrPortFrom(decodeAddr(sv.Addr, fam), ntohs(sv.Port))) {
+		fk := maps.FrontendKey{Addr: maps.DecodeAddr(sk.Addr, fam), Port: maps.Ntohs(sk.Port), Proto: model.Protocol(sk.Proto)}
+		if s.stale(fk, netip.AddrPortFrom(maps.DecodeAddr(sv.Addr, fam), maps.Ntohs(sv.Port))) {
 			d.staleDeleted[familyIndex(fam)]++
 			socks = append(socks, *sk)
 		}
@@ -127,13 +128,13 @@ func (d *Datapath) flushStaleIn(ct kvMap[xbpf.CtKey, xbpf.CtEntry], s *staleFlow
 		if e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0 || !datagramProto(model.Protocol(k.Proto)) {
 			return
 		}
-		fk := frontendKey{addr: decodeAddr(k.Daddr, k.Family), port: ntohs(k.Dport), proto: model.Protocol(k.Proto)}
-		backend := netip.AddrPortFrom(decodeAddr(e.NatAddr, k.Family), ntohs(e.NatPort))
+		fk := maps.FrontendKey{Addr: maps.DecodeAddr(k.Daddr, k.Family), Port: maps.Ntohs(k.Dport), Proto: model.Protocol(k.Proto)}
+		backend := netip.AddrPortFrom(maps.DecodeAddr(e.NatAddr, k.Family), maps.Ntohs(e.NatPort))
 		if !s.stale(fk, backend) {
 			return
 		}
 		d.staleDeleted[familyIndex(k.Family)]++
-		del = append(del, *k, replyKeyOf(k, e))
+		del = append(del, *k, maps.ReplyKeyOf(k, e))
 	})
 	if err != nil {
 		return err

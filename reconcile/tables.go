@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"hash/fnv"
 	"math/big"
 	"slices"
+
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // DefaultMaglevSize is the Maglev lookup table size, a prime as the
@@ -24,7 +26,7 @@ type tableBackend struct {
 	// address:port), so that every node builds the same Maglev table.
 	// The datapath fills it from key only for services that have a table.
 	name string
-	key  backendKey
+	key  maps.BackendKey
 }
 
 // ValidMaglevSize checks that m is a usable Maglev table size: a prime

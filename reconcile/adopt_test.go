@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"net/netip"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -73,33 +74,33 @@ func TestAdopt(t *testing.T) {
 				t.Fatalf("conntrack holds %d entries, want %d", len(ct.m), 2*len(tc.adopted))
 			}
 			// The plain flow, entry by entry.
-			svcID, _ := d.svcIDs.lookup(frontendKey{addr: netip.MustParseAddr("172.30.0.10"), port: 80, proto: model.TCP})
-			beID := d.backends[newBackendKey(netip.MustParseAddr("10.244.1.2"), 8080, model.TCP)].id
-			now, _ := monotonicNow()
+			svcID, _ := d.svcIDs.lookup(maps.FrontendKey{Addr: netip.MustParseAddr("172.30.0.10"), Port: 80, Proto: model.TCP})
+			beID := d.backends[maps.NewBackendKey(netip.MustParseAddr("10.244.1.2"), 8080, model.TCP)].id
+			now, _ := maps.MonotonicNow()
 			fk, _, rk, _ := adoptedEntries(plain, svcID, beID, now)
 			fe, ok := ct.m[fk]
-			if !ok || fe.BackendId != beID || fe.SvcId != svcID || decodeAddr(fe.NatAddr, fk.Family) != plain.Backend.Addr() ||
-				ntohs(fe.NatPort) != 8080 || fe.Flags != tc.flags || xbpf.CtState(fe.State) != xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED ||
+			if !ok || fe.BackendId != beID || fe.SvcId != svcID || maps.DecodeAddr(fe.NatAddr, fk.Family) != plain.Backend.Addr() ||
+				maps.Ntohs(fe.NatPort) != 8080 || fe.Flags != tc.flags || xbpf.CtState(fe.State) != xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED ||
 				fe.Expires < now+uint64(59*time.Minute) || fe.Expires > now+uint64(61*time.Minute) {
 				t.Errorf("forward entry %+v (present %v)", fe, ok)
 			}
 			re, ok := ct.m[rk]
-			if !ok || re.Flags != tc.flags|uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) || decodeAddr(re.NatAddr, rk.Family) != plain.Frontend.Addr() ||
-				ntohs(re.NatPort) != 80 || decodeAddr(re.SnatAddr, rk.Family) != plain.Client.Addr() || ntohs(re.SnatPort) != 40000 {
+			if !ok || re.Flags != tc.flags|uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) || maps.DecodeAddr(re.NatAddr, rk.Family) != plain.Frontend.Addr() ||
+				maps.Ntohs(re.NatPort) != 80 || maps.DecodeAddr(re.SnatAddr, rk.Family) != plain.Client.Addr() || maps.Ntohs(re.SnatPort) != 40000 {
 				t.Errorf("reply entry %+v (present %v)", re, ok)
 			}
 			// A masqueraded connection keeps its masquerade address and
 			// port; its reply entry is keyed by them.
-			mbe := d.backends[newBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP)].id
+			mbe := d.backends[maps.NewBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP)].id
 			mfk, _, mrk, _ := adoptedEntries(masqMoved, svcID, mbe, now)
 			snat := tc.flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
-			if me, ok := ct.m[mfk]; !ok || me.Flags != snat || decodeAddr(me.SnatAddr, mfk.Family) != masqMoved.ReplyTo.Addr() || ntohs(me.SnatPort) != 51000 {
+			if me, ok := ct.m[mfk]; !ok || me.Flags != snat || maps.DecodeAddr(me.SnatAddr, mfk.Family) != masqMoved.ReplyTo.Addr() || maps.Ntohs(me.SnatPort) != 51000 {
 				t.Errorf("masqueraded forward entry %+v (present %v)", me, ok)
 			}
-			if decodeAddr(mrk.Daddr, mrk.Family) != masqMoved.ReplyTo.Addr() || ntohs(mrk.Dport) != 51000 {
+			if maps.DecodeAddr(mrk.Daddr, mrk.Family) != masqMoved.ReplyTo.Addr() || maps.Ntohs(mrk.Dport) != 51000 {
 				t.Errorf("masqueraded reply key %+v, want to %s", mrk, masqMoved.ReplyTo)
 			}
-			if re, ok := ct.m[mrk]; !ok || re.Flags != snat|uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) || decodeAddr(re.SnatAddr, mrk.Family) != masqMoved.Client.Addr() || ntohs(re.SnatPort) != 40002 {
+			if re, ok := ct.m[mrk]; !ok || re.Flags != snat|uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) || maps.DecodeAddr(re.SnatAddr, mrk.Family) != masqMoved.Client.Addr() || maps.Ntohs(re.SnatPort) != 40002 {
 				t.Errorf("masqueraded reply entry %+v (present %v)", re, ok)
 			}
 			// Adopting again overwrites nothing.

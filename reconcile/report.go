@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -15,7 +16,7 @@ import (
 // Snapshot reads what the maps serve (Maps.Read): the per-Service metrics
 // read it at every scrape. It reads the pinned maps only, never the sync's
 // bookkeeping, so it may run beside a Sync.
-func (d *Datapath) Snapshot(withStats bool) (*Snapshot, error) {
+func (d *Datapath) Snapshot(withStats bool) (*maps.Snapshot, error) {
 	if d.m == nil {
 		return nil, fmt.Errorf("no loaded maps to read")
 	}

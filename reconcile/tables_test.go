@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // Default masquerade source ports: the whole unprivileged range, as
@@ -63,7 +64,7 @@ func ifAddrs() (map[uint32]xbpf.IfAddrs, error) {
 		}
 		ip = ip.Unmap()
 		v := out[uint32(a.LinkIndex)]
-		enc, _ := encodeAddr(ip)
+		enc, _ := maps.EncodeAddr(ip)
 		switch {
 		case ip.Is4() && v.Addr4 == [16]byte{}:
 			v.Addr4 = enc

@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/xvs-lb/xvs/loader"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -32,11 +33,11 @@ func loadForTest(t testing.TB) (*loader.Objects, loader.Config) {
 
 // datapathForTest loads fresh objects, closed with the test, and a
 // Datapath over them sized as the loader's defaults.
-func datapathForTest(t testing.TB) (*Maps, *Datapath, Config) {
+func datapathForTest(t testing.TB) (*maps.Maps, *Datapath, Config) {
 	t.Helper()
 	objs, cfg := loadForTest(t)
 	t.Cleanup(func() { objs.Close() })
-	m := FromObjects(objs)
+	m := maps.FromObjects(objs)
 	dcfg := Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends}
 	dp, err := NewDatapath(m, dcfg)
 	if err != nil {
@@ -125,7 +126,7 @@ func TestPrivDatapathSyncAndRecover(t *testing.T) {
 	}
 }
 
-func mustRead(t *testing.T, m *Maps) *Snapshot {
+func mustRead(t *testing.T, m *maps.Maps) *maps.Snapshot {
 	s, err := m.Read(false)
 	if err != nil {
 		t.Fatal(err)
@@ -133,9 +134,9 @@ func mustRead(t *testing.T, m *Maps) *Snapshot {
 	return s
 }
 
-func countEntries(t *testing.T, m *Maps) int { return countMap(t, m.Services) }
+func countEntries(t *testing.T, m *maps.Maps) int { return countMap(t, m.Services) }
 
-func countBackends(t *testing.T, m *Maps) int { return countMap(t, m.Backends) }
+func countBackends(t *testing.T, m *maps.Maps) int { return countMap(t, m.Backends) }
 
 func countMap(t *testing.T, mp *ebpf.Map) int {
 	n := 0
@@ -153,7 +154,7 @@ func countMap(t *testing.T, mp *ebpf.Map) int {
 // view renders what the maps program, by address: one line per frontend
 // with its backends in slot order, plus the backend and ClusterIP counts
 // (so that nothing stale hides behind a correct view).
-func view(t *testing.T, m *Maps) []string {
+func view(t *testing.T, m *maps.Maps) []string {
 	t.Helper()
 	var out []string
 	for _, s := range mustRead(t, m).Services {
@@ -218,7 +219,7 @@ func TestPrivDatapathDelta(t *testing.T) {
 func testDatapathDelta(t *testing.T) {
 	objs, cfg := loadForTest(t)
 	defer objs.Close()
-	m := FromObjects(objs)
+	m := maps.FromObjects(objs)
 	dp, err := NewDatapath(m, Config{MaxServices: cfg.MaxServices, MaxBackends: cfg.MaxBackends})
 	if err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func testDatapathDelta(t *testing.T) {
 func TestPrivDatapathFullIDSpace(t *testing.T) {
 	objs, cfg := loadForTest(t)
 	defer objs.Close()
-	m := FromObjects(objs)
+	m := maps.FromObjects(objs)
 	dp, err := NewDatapath(m, Config{MaxServices: cfg.MaxServices, MaxBackends: 5}) // backend IDs 1..4
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"context"
@@ -9,9 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"golang.org/x/sys/unix"
-
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // ReapGrace is how long past its expiry a flow is left alone before the
@@ -20,14 +19,6 @@ import (
 // never needs the reaper to reuse a tuple or a masquerade port: a dead
 // flow's entries are free to it at once.)
 const ReapGrace = 30 * time.Second
-
-func monotonicNow() (uint64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0, fmt.Errorf("read clock: %w", err)
-	}
-	return uint64(ts.Nano()), nil
-}
 
 // flowKeyOf is the key of the forward entry a reply entry points at.
 func flowKeyOf(rk xbpf.CtKey, rev xbpf.CtEntry) xbpf.CtKey {
@@ -63,7 +54,7 @@ func pointsBack(rk xbpf.CtKey, rev, fe xbpf.CtEntry) bool {
 // read; only a reply entry about to be deleted is looked up again in the
 // maps. A pass costs no syscall per live flow.
 func (d *Datapath) Reap(grace time.Duration) (int, error) {
-	now, err := monotonicNow()
+	now, err := maps.MonotonicNow()
 	if err != nil {
 		return 0, err
 	}
@@ -154,7 +145,7 @@ type tableScan struct {
 // forward entries to live.
 func scanTable(ct *ebpf.Map, now uint64, grace time.Duration, live *liveFlows) (tableScan, error) {
 	var s tableScan
-	err := walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
+	err := maps.Walk(ct, func(k *xbpf.CtKey, e *xbpf.CtEntry) {
 		s.seen++
 		switch {
 		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY) != 0:

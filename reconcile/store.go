@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // The reconciler (Datapath) reads and writes the maps only through the
@@ -68,7 +69,7 @@ type mapSet struct {
 }
 
 // bpfMaps is the mapSet over the loaded maps.
-func bpfMaps(m *Maps) *mapSet {
+func bpfMaps(m *maps.Maps) *mapSet {
 	return &mapSet{
 		services:     bpfMap[xbpf.SvcKey, xbpf.SvcValue]{m.Services},
 		backends:     bpfMap[uint32, xbpf.Backend]{m.Backends},
@@ -93,14 +94,14 @@ func bpfMaps(m *Maps) *mapSet {
 
 type bpfMap[K comparable, V any] struct{ m *ebpf.Map }
 
-func (b bpfMap[K, V]) put(keys []K, vals []V) error { return updateMany(b.m, keys, vals) }
+func (b bpfMap[K, V]) put(keys []K, vals []V) error { return maps.UpdateMany(b.m, keys, vals) }
 func (b bpfMap[K, V]) add(k K, v V) (bool, error)   { return addNew(b.m, k, v) }
-func (b bpfMap[K, V]) del(keys []K) error           { return deleteMany(b.m, keys) }
+func (b bpfMap[K, V]) del(keys []K) error           { return maps.DeleteMany(b.m, keys) }
 func (b bpfMap[K, V]) each(fn func(k *K, v *V)) error {
 	if b.m.Type() == ebpf.Hash || b.m.Type() == ebpf.LRUHash {
-		return walk(b.m, fn) // batched reads
+		return maps.Walk(b.m, fn) // batched reads
 	}
-	if err := walkOneByOne(b.m, fn); err != nil {
+	if err := maps.WalkOneByOne(b.m, fn); err != nil {
 		return fmt.Errorf("read %s: %w", b.m, err)
 	}
 	return nil
@@ -123,7 +124,7 @@ func (b bpfSchedMap) swap(key xbpf.SchedKey, entries []uint32) error {
 	for i := range keys {
 		keys[i] = uint32(i)
 	}
-	if err := updateMany(inner, keys, entries); err != nil {
+	if err := maps.UpdateMany(inner, keys, entries); err != nil {
 		return err
 	}
 	if err := b.m.Update(&key, uint32(inner.FD()), ebpf.UpdateAny); err != nil {
@@ -132,7 +133,7 @@ func (b bpfSchedMap) swap(key xbpf.SchedKey, entries []uint32) error {
 	return nil
 }
 
-func (b bpfSchedMap) del(keys []xbpf.SchedKey) error { return deleteMany(b.m, keys) }
+func (b bpfSchedMap) del(keys []xbpf.SchedKey) error { return maps.DeleteMany(b.m, keys) }
 
 func (b bpfSchedMap) each(fn func(xbpf.SchedKey)) error {
 	var k xbpf.SchedKey
@@ -149,9 +150,9 @@ func (b bpfSchedMap) each(fn func(xbpf.SchedKey)) error {
 
 type bpfCounters struct{ m *ebpf.Map }
 
-func (b bpfCounters) zero(ids []uint32) error       { return zeroPerCPU[xbpf.Stats](b.m, ids) }
-func (b bpfCounters) del(ids []uint32) error        { return deleteMany(b.m, ids) }
-func (b bpfCounters) ids() (map[uint32]bool, error) { return perCPUKeys[xbpf.Stats](b.m) }
+func (b bpfCounters) zero(ids []uint32) error       { return maps.ZeroPerCPU[xbpf.Stats](b.m, ids) }
+func (b bpfCounters) del(ids []uint32) error        { return maps.DeleteMany(b.m, ids) }
+func (b bpfCounters) ids() (map[uint32]bool, error) { return maps.PerCPUKeys[xbpf.Stats](b.m) }
 
 // keysOf reads every key of m.
 func keysOf[K comparable, V any](m kvMap[K, V]) ([]K, error) {

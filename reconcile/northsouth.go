@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -31,20 +32,20 @@ type nodeState struct {
 	// ifSNAT is what xvs_if_snat holds, by interface index.
 	ifSNAT map[uint32]xbpf.IfAddrs
 	// hostBackends are the backends on this node's own addresses.
-	hostBackends map[backendKey]struct{}
+	hostBackends map[maps.BackendKey]struct{}
 }
 
 func newNodeState() nodeState {
 	return nodeState{
 		podCIDRs: map[xbpf.LPMKey]bool{}, serviceCIDRs: map[xbpf.LPMKey]bool{},
 		ranges: map[uint32]map[xbpf.LPMKey]bool{}, clusterIPs: map[netip.Addr]int{}, writtenIPs: map[netip.Addr]bool{},
-		dirtyIPs: map[netip.Addr]bool{}, ifSNAT: map[uint32]xbpf.IfAddrs{}, hostBackends: map[backendKey]struct{}{},
+		dirtyIPs: map[netip.Addr]bool{}, ifSNAT: map[uint32]xbpf.IfAddrs{}, hostBackends: map[maps.BackendKey]struct{}{},
 	}
 }
 
 // lpmKey is an LPM key for prefix p under id; prefixlen counts the ID.
 func lpmKey(id uint32, p netip.Prefix) xbpf.LPMKey {
-	addr, _ := encodeAddr(p.Addr())
+	addr, _ := maps.EncodeAddr(p.Addr())
 	return xbpf.LPMKey{Prefixlen: uint32(32 + p.Bits()), Id: id, Addr: addr}
 }
 
@@ -73,10 +74,10 @@ func (d *Datapath) syncNode(st *model.State) error {
 	for _, a := range append(slices.Clone(d.masqAddrs), st.Node.Addresses...) {
 		a = a.Unmap()
 		if a.Is4() && want.SnatAddr4 == [16]byte{} {
-			want.SnatAddr4, _ = encodeAddr(a)
+			want.SnatAddr4, _ = maps.EncodeAddr(a)
 		}
 		if a.Is6() && want.SnatAddr6 == [16]byte{} {
-			want.SnatAddr6, _ = encodeAddr(a)
+			want.SnatAddr6, _ = maps.EncodeAddr(a)
 		}
 	}
 	if st.MasqueradeAll {
@@ -283,7 +284,7 @@ func (d *Datapath) syncClusterIPs() error {
 }
 
 func vipKey(a netip.Addr) xbpf.VIPKey {
-	addr, fam := encodeAddr(a)
+	addr, fam := maps.EncodeAddr(a)
 	return xbpf.VIPKey{Addr: addr, Family: fam}
 }
 
@@ -298,7 +299,7 @@ func (d *Datapath) sweepNodeState(ws *writeSet) error {
 		d.node.dirtyIPs[a] = true
 	}
 	err := d.w.clusterIPs.each(func(vk *xbpf.VIPKey, _ *uint32) {
-		a := decodeAddr(vk.Addr, vk.Family)
+		a := maps.DecodeAddr(vk.Addr, vk.Family)
 		if d.node.clusterIPs[a] <= 0 {
 			stale = append(stale, *vk)
 		} else {

@@ -1,30 +1,31 @@
-package maps
+package reconcile
 
 import (
 	"context"
-	"maps"
+	stdmaps "maps"
 	"slices"
 	"testing"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // statsIDs are the IDs a counter map has entries for.
-func statsIDs(t *testing.T, m *Maps) (svcs, backends []uint32) {
+func statsIDs(t *testing.T, m *maps.Maps) (svcs, backends []uint32) {
 	t.Helper()
-	s, err := perCPUKeys[xbpf.Stats](m.SvcStats)
+	s, err := maps.PerCPUKeys[xbpf.Stats](m.SvcStats)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := perCPUKeys[xbpf.Stats](m.BackendStats)
+	b, err := maps.PerCPUKeys[xbpf.Stats](m.BackendStats)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.Sorted(maps.Keys(s)), slices.Sorted(maps.Keys(b))
+	return slices.Sorted(stdmaps.Keys(s)), slices.Sorted(stdmaps.Keys(b))
 }
 
 // liveIDs are the IDs the listing shows.
-func liveIDs(t *testing.T, m *Maps) (svcs, backends []uint32) {
+func liveIDs(t *testing.T, m *maps.Maps) (svcs, backends []uint32) {
 	t.Helper()
 	snap := mustRead(t, m)
 	seen := map[uint32]bool{}
@@ -73,13 +74,13 @@ func TestPrivStatsFollowIDs(t *testing.T) {
 	// Counters lost (the upgrade case) and one left over: a restarted
 	// agent puts them right before its first sync.
 	s, bs := statsIDs(t, m)
-	if err := deleteMany(m.SvcStats, s); err != nil {
+	if err := maps.DeleteMany(m.SvcStats, s); err != nil {
 		t.Fatal(err)
 	}
-	if err := deleteMany(m.BackendStats, bs); err != nil {
+	if err := maps.DeleteMany(m.BackendStats, bs); err != nil {
 		t.Fatal(err)
 	}
-	if err := zeroPerCPU[xbpf.Stats](m.BackendStats, []uint32{4000}); err != nil {
+	if err := maps.ZeroPerCPU[xbpf.Stats](m.BackendStats, []uint32{4000}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := NewDatapath(m, dcfg); err != nil {

@@ -1,4 +1,9 @@
-package maps
+// Package reconcile is the ebpf Datapath: it writes a model.State into the
+// pinned maps (package maps) in the commit order the programs rely on,
+// with stable IDs recovered from the maps at start, and keeps the state
+// the programs share with the agent (scheduler tables, masquerade ranges,
+// stale flows, the conntrack reaper). It never logs.
+package reconcile
 
 import (
 	"context"
@@ -9,6 +14,7 @@ import (
 	"time"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -59,9 +65,9 @@ type Config struct {
 type Datapath struct {
 	// m are the loaded maps (for the reaper and the conntrack sizes);
 	// every read and write of a sync goes through w (store.go).
-	m          *Maps
+	m          *maps.Maps
 	w          *mapSet
-	svcIDs     *idAlloc[frontendKey]
+	svcIDs     *idAlloc[maps.FrontendKey]
 	groupIDs   *idAlloc[model.ServicePortName]
 	backendIDs idSpace
 
@@ -69,8 +75,8 @@ type Datapath struct {
 	// previous holds what a ServicePort changed in this sync had applied
 	// before: what it keeps if its new state does not fit.
 	previous map[model.ServicePortName]*appliedService
-	owners   map[frontendKey]model.ServicePortName
-	counts   map[frontendKey]slotCounts
+	owners   map[maps.FrontendKey]model.ServicePortName
+	counts   map[maps.FrontendKey]slotCounts
 	// slotsUsed is how many services-map entries counts describes;
 	// slotCap the map's size (0: not checked). slotsAtStart is slotsUsed
 	// when the current sync began: its writes come before its deletes,
@@ -84,10 +90,10 @@ type Datapath struct {
 	shown occupancy
 	// backends holds every backend's ID, reference count and the mutable
 	// part of its map value as written.
-	backends map[backendKey]backendEntry
+	backends map[maps.BackendKey]backendEntry
 	// unreferenced holds backends whose count dropped to zero in this
 	// sync: the candidates for deletion at its end.
-	unreferenced map[backendKey]struct{}
+	unreferenced map[maps.BackendKey]struct{}
 	// appliedGen is the Generation of the State the last successful sync
 	// applied (0: none, or it failed).
 	appliedGen uint64
@@ -97,7 +103,7 @@ type Datapath struct {
 
 	// recovered holds group IDs read back from the maps at start, until
 	// the first sync hands them to the ServicePorts that own the frontends.
-	recovered map[frontendKey]uint32
+	recovered map[maps.FrontendKey]uint32
 	// recoveredFrontends is how many frontends the pinned maps held at
 	// start (RecoveredFrontends).
 	recoveredFrontends int
@@ -179,7 +185,7 @@ type appliedService struct {
 // IDs from their content so that IDs (and the counters they index) stay
 // stable across agent restarts. The first Sync is a full reconcile that
 // removes whatever the maps hold beyond the desired state.
-func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
+func NewDatapath(m *maps.Maps, cfg Config) (*Datapath, error) {
 	if cfg.MaxServiceSlots == 0 && m.Services != nil {
 		cfg.MaxServiceSlots = m.Services.MaxEntries()
 	}
@@ -198,18 +204,18 @@ func NewDatapath(m *Maps, cfg Config) (*Datapath, error) {
 func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 	d := &Datapath{
 		w:            w,
-		svcIDs:       newIDAlloc[frontendKey](cfg.MaxServices),
+		svcIDs:       newIDAlloc[maps.FrontendKey](cfg.MaxServices),
 		groupIDs:     newIDAlloc[model.ServicePortName](cfg.MaxServices),
 		backendIDs:   newIDSpace(cfg.MaxBackends),
 		applied:      map[model.ServicePortName]*appliedService{},
 		previous:     map[model.ServicePortName]*appliedService{},
-		owners:       map[frontendKey]model.ServicePortName{},
-		counts:       map[frontendKey]slotCounts{},
-		backends:     map[backendKey]backendEntry{},
-		unreferenced: map[backendKey]struct{}{},
+		owners:       map[maps.FrontendKey]model.ServicePortName{},
+		counts:       map[maps.FrontendKey]slotCounts{},
+		backends:     map[maps.BackendKey]backendEntry{},
+		unreferenced: map[maps.BackendKey]struct{}{},
 		retry:        map[model.ServicePortName]bool{},
 		problems:     map[model.ServicePortName][]string{},
-		recovered:    map[frontendKey]uint32{},
+		recovered:    map[maps.FrontendKey]uint32{},
 		fullSync:     true,
 		maglevSize:   cfg.MaglevSize,
 		slotCap:      int(cfg.MaxServiceSlots),
@@ -247,7 +253,7 @@ func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 
 func (d *Datapath) recover() error {
 	err := d.w.services.each(func(k *xbpf.SvcKey, v *xbpf.SvcValue) {
-		fk := frontendOf(*k)
+		fk := maps.FrontendOf(*k)
 		if k.Slot == 0 {
 			d.svcIDs.restore(fk, v.SvcId)
 			d.recovered[fk] = v.GroupId
@@ -269,7 +275,7 @@ func (d *Datapath) recover() error {
 	d.countSlots()
 	d.showOccupancy()
 	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
-		bk := newBackendKey(decodeAddr(b.Addr, b.Family), ntohs(b.Port), model.Protocol(b.Proto))
+		bk := maps.NewBackendKey(maps.DecodeAddr(b.Addr, b.Family), maps.Ntohs(b.Port), model.Protocol(b.Proto))
 		if d.backendIDs.claim(*id) {
 			d.backends[bk] = backendEntry{id: *id, weight: b.Weight, flags: b.Flags}
 			d.unreferenced[bk] = struct{}{}
@@ -311,7 +317,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	if d.rangesAtStart, err = d.countRanges(); err != nil {
 		return err
 	}
-	released := map[frontendKey]bool{}
+	released := map[maps.FrontendKey]bool{}
 	changed := d.changed(st, released)
 	d.retry = map[model.ServicePortName]bool{}
 	// Name order makes frontend conflicts resolve the same way every time.
@@ -354,7 +360,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 	d.fullSync = false
 	d.showOccupancy()
 	d.appliedGen = st.Generation
-	d.recovered = map[frontendKey]uint32{}
+	d.recovered = map[maps.FrontendKey]uint32{}
 	return nil
 }
 
@@ -362,7 +368,7 @@ func (d *Datapath) Sync(ctx context.Context, st *model.State) (err error) {
 // delta names, or whose pointer differs; everything in a full sync; and
 // those a previous sync could not program), releasing what each of them,
 // and each removed one, applied before (its frontends go into released).
-func (d *Datapath) changed(st *model.State, released map[frontendKey]bool) []model.ServicePortName {
+func (d *Datapath) changed(st *model.State, released map[maps.FrontendKey]bool) []model.ServicePortName {
 	var changed []model.ServicePortName
 	clear(d.previous)
 	names, known := st.ChangedSince(d.appliedGen)
@@ -410,7 +416,7 @@ func (d *Datapath) changed(st *model.State, released map[frontendKey]bool) []mod
 // released frontends no ServicePort re-claimed, unreferenced backends and,
 // in a full sync, whatever the maps hold beyond the desired state (a
 // service deleted while the agent was down).
-func (d *Datapath) planRemovals(ws *writeSet, released map[frontendKey]bool) error {
+func (d *Datapath) planRemovals(ws *writeSet, released map[maps.FrontendKey]bool) error {
 	if d.fullSync {
 		// Anything the maps hold that nobody wants is stale (a service
 		// deleted while the agent was down).
@@ -447,17 +453,17 @@ func (d *Datapath) planRemovals(ws *writeSet, released map[frontendKey]bool) err
 	}
 	// A new map, not clear: clearing costs what the map once held (a
 	// million backends after a full sync), at every sync after.
-	d.unreferenced = map[backendKey]struct{}{}
+	d.unreferenced = map[maps.BackendKey]struct{}{}
 	return nil
 }
 
 // flushStaleOf deletes the flows of the UDP and SCTP frontends this sync
 // changed or removed whose backend no longer serves them (kube-proxy's
 // conntrack cleanup), timing it for ConntrackReconcileTime.
-func (d *Datapath) flushStaleOf(st *model.State, changed []model.ServicePortName, released map[frontendKey]bool) error {
-	touched := map[frontendKey]bool{}
+func (d *Datapath) flushStaleOf(st *model.State, changed []model.ServicePortName, released map[maps.FrontendKey]bool) error {
+	touched := map[maps.FrontendKey]bool{}
 	for fk := range released {
-		if datagramProto(fk.proto) {
+		if datagramProto(fk.Proto) {
 			touched[fk] = true
 		}
 	}
@@ -465,7 +471,7 @@ func (d *Datapath) flushStaleOf(st *model.State, changed []model.ServicePortName
 		if sp := st.Services[name]; sp != nil {
 			for _, f := range sp.Frontends {
 				if datagramProto(f.Proto) {
-					touched[keyOf(f)] = true
+					touched[maps.KeyOf(f)] = true
 				}
 			}
 		}
@@ -479,12 +485,12 @@ func (d *Datapath) flushStaleOf(st *model.State, changed []model.ServicePortName
 // release forgets what a ServicePort applied: its frontends become
 // candidates for deletion, its backend references drop. A ServicePort
 // that is gone (not replanned) gives its group ID back too.
-func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[frontendKey]bool, gone bool) {
+func (d *Datapath) release(name model.ServicePortName, a *appliedService, released map[maps.FrontendKey]bool, gone bool) {
 	if gone {
 		d.groupIDs.release(name)
 	}
 	for _, f := range a.frontends {
-		fk := keyOf(f)
+		fk := maps.KeyOf(f)
 		if d.owners[fk] == name {
 			delete(d.owners, fk)
 			released[fk] = true
@@ -505,8 +511,8 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 			}
 		}
 		if f.Kind == model.ClusterIP {
-			d.node.clusterIPs[fk.addr]--
-			d.node.dirtyIPs[fk.addr] = true
+			d.node.clusterIPs[fk.Addr]--
+			d.node.dirtyIPs[fk.Addr] = true
 		}
 	}
 	delete(d.problems, name)
@@ -517,21 +523,3 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 }
 
 // kinds maps model frontend kinds to the datapath's enum, both ways.
-var kinds = map[model.FrontendKind]xbpf.Kind{
-	model.ClusterIP:    xbpf.XvsXvsKindXVS_KIND_CLUSTER_IP,
-	model.NodePort:     xbpf.XvsXvsKindXVS_KIND_NODE_PORT,
-	model.ExternalIP:   xbpf.XvsXvsKindXVS_KIND_EXTERNAL_IP,
-	model.LoadBalancer: xbpf.XvsXvsKindXVS_KIND_LOAD_BALANCER,
-}
-
-func kindOf(k model.FrontendKind) uint8 { return uint8(kinds[k]) }
-
-// kindFromMap is kindOf's inverse; unknown values read as ClusterIP.
-func kindFromMap(k uint8) model.FrontendKind {
-	for mk, v := range kinds {
-		if uint8(v) == k {
-			return mk
-		}
-	}
-	return model.ClusterIP
-}

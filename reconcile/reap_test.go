@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"hash/maphash"
@@ -7,13 +7,14 @@ import (
 	"time"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 )
 
 // fillFlows writes n TCP flows client -> VIP -> backend into the
 // established conntrack table, both entries each, expiring at expires
 // (monotonic ns), and returns their forward keys. Calls with different
 // bases write different flows.
-func fillFlows(t testing.TB, m *Maps, base byte, n int, expires uint64) []xbpf.CtKey {
+func fillFlows(t testing.TB, m *maps.Maps, base byte, n int, expires uint64) []xbpf.CtKey {
 	t.Helper()
 	vip := [16]byte{10, 96, 0, 1}
 	backend := [16]byte{10, 244, 0, 11}
@@ -22,18 +23,18 @@ func fillFlows(t testing.TB, m *Maps, base byte, n int, expires uint64) []xbpf.C
 	for i := range n {
 		client := [16]byte{198, 18, base, byte(i >> 16)}
 		sport := uint16(i)
-		k := xbpf.CtKey{Saddr: client, Daddr: vip, Sport: sport, Dport: htons(80), Proto: 6, Family: xbpf.FamilyIPv4}
-		e := xbpf.CtEntry{Expires: expires, BackendId: 1, SvcId: 1, NatAddr: backend, NatPort: htons(8080), State: uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)}
-		rk := xbpf.CtKey{Saddr: backend, Daddr: client, Sport: htons(8080), Dport: sport, Proto: 6, Family: xbpf.FamilyIPv4}
-		re := xbpf.CtEntry{Expires: expires, BackendId: 1, SvcId: 1, NatAddr: vip, NatPort: htons(80), SnatAddr: client, SnatPort: sport,
+		k := xbpf.CtKey{Saddr: client, Daddr: vip, Sport: sport, Dport: maps.Htons(80), Proto: 6, Family: xbpf.FamilyIPv4}
+		e := xbpf.CtEntry{Expires: expires, BackendId: 1, SvcId: 1, NatAddr: backend, NatPort: maps.Htons(8080), State: uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)}
+		rk := xbpf.CtKey{Saddr: backend, Daddr: client, Sport: maps.Htons(8080), Dport: sport, Proto: 6, Family: xbpf.FamilyIPv4}
+		re := xbpf.CtEntry{Expires: expires, BackendId: 1, SvcId: 1, NatAddr: vip, NatPort: maps.Htons(80), SnatAddr: client, SnatPort: sport,
 			Flags: uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
 		keys, vals = append(keys, k), append(vals, e)
 		rkeys, rvals = append(rkeys, rk), append(rvals, re)
 	}
-	if err := updateMany(m.Conntrack, keys, vals); err != nil {
+	if err := maps.UpdateMany(m.Conntrack, keys, vals); err != nil {
 		t.Fatal(err)
 	}
-	if err := updateMany(m.Conntrack, rkeys, rvals); err != nil {
+	if err := maps.UpdateMany(m.Conntrack, rkeys, rvals); err != nil {
 		t.Fatal(err)
 	}
 	return keys
@@ -44,8 +45,8 @@ func fillFlows(t testing.TB, m *Maps, base byte, n int, expires uint64) []xbpf.C
 func TestPrivWalkBatched(t *testing.T) {
 	objs, _ := loadForTest(t)
 	defer objs.Close()
-	m := FromObjects(objs)
-	n := 3*batchChunk + 17
+	m := maps.FromObjects(objs)
+	n := 3*maps.BatchChunk + 17
 	fillFlows(t, m, 0, n, 1<<62)
 	count := func(w func(func(*xbpf.CtKey, *xbpf.CtEntry)) error) map[xbpf.CtKey]int {
 		seen := map[xbpf.CtKey]int{}
@@ -54,8 +55,8 @@ func TestPrivWalkBatched(t *testing.T) {
 		}
 		return seen
 	}
-	batched := count(func(fn func(*xbpf.CtKey, *xbpf.CtEntry)) error { return walk(m.Conntrack, fn) })
-	single := count(func(fn func(*xbpf.CtKey, *xbpf.CtEntry)) error { return walkOneByOne(m.Conntrack, fn) })
+	batched := count(func(fn func(*xbpf.CtKey, *xbpf.CtEntry)) error { return maps.Walk(m.Conntrack, fn) })
+	single := count(func(fn func(*xbpf.CtKey, *xbpf.CtEntry)) error { return maps.WalkOneByOne(m.Conntrack, fn) })
 	if len(batched) != 2*n || len(single) != 2*n {
 		t.Fatalf("batched walk saw %d entries, the iterator %d, want %d", len(batched), len(single), 2*n)
 	}
@@ -71,7 +72,7 @@ func TestPrivWalkBatched(t *testing.T) {
 // is gone, and keeps a masqueraded flow's reply entry.
 func TestPrivReapLiveAndDead(t *testing.T) {
 	m, dp, _ := datapathForTest(t)
-	now, err := monotonicNow()
+	now, err := maps.MonotonicNow()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,17 +91,17 @@ func TestPrivReapLiveAndDead(t *testing.T) {
 	// A live masqueraded flow: its reply entry goes to the node's
 	// address, which only the forward entry knows.
 	vip, backend, client, node := [16]byte{10, 96, 0, 2}, [16]byte{10, 244, 0, 12}, [16]byte{203, 0, 113, 7}, [16]byte{192, 168, 50, 2}
-	mk := xbpf.CtKey{Saddr: client, Daddr: vip, Sport: htons(40000), Dport: htons(80), Proto: 6, Family: xbpf.FamilyIPv4}
-	me := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: backend, NatPort: htons(8080), SnatAddr: node, SnatPort: htons(1234),
+	mk := xbpf.CtKey{Saddr: client, Daddr: vip, Sport: maps.Htons(40000), Dport: maps.Htons(80), Proto: 6, Family: xbpf.FamilyIPv4}
+	me := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: backend, NatPort: maps.Htons(8080), SnatAddr: node, SnatPort: maps.Htons(1234),
 		Flags: uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)}
-	mrk := xbpf.CtKey{Saddr: backend, Daddr: node, Sport: htons(8080), Dport: htons(1234), Proto: 6, Family: xbpf.FamilyIPv4}
-	mre := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: vip, NatPort: htons(80), SnatAddr: client, SnatPort: htons(40000),
+	mrk := xbpf.CtKey{Saddr: backend, Daddr: node, Sport: maps.Htons(8080), Dport: maps.Htons(1234), Proto: 6, Family: xbpf.FamilyIPv4}
+	mre := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: vip, NatPort: maps.Htons(80), SnatAddr: client, SnatPort: maps.Htons(40000),
 		Flags: uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
 	// An orphaned reply entry: its flow is gone.
-	ork := xbpf.CtKey{Saddr: backend, Daddr: client, Sport: htons(8080), Dport: htons(40001), Proto: 6, Family: xbpf.FamilyIPv4}
-	ore := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: vip, NatPort: htons(80), SnatAddr: client, SnatPort: htons(40001),
+	ork := xbpf.CtKey{Saddr: backend, Daddr: client, Sport: maps.Htons(8080), Dport: maps.Htons(40001), Proto: 6, Family: xbpf.FamilyIPv4}
+	ore := xbpf.CtEntry{Expires: now + uint64(time.Hour), NatAddr: vip, NatPort: maps.Htons(80), SnatAddr: client, SnatPort: maps.Htons(40001),
 		Flags: uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
-	if err := updateMany(m.Conntrack, []xbpf.CtKey{mk, mrk, ork}, []xbpf.CtEntry{me, mre, ore}); err != nil {
+	if err := maps.UpdateMany(m.Conntrack, []xbpf.CtKey{mk, mrk, ork}, []xbpf.CtEntry{me, mre, ore}); err != nil {
 		t.Fatal(err)
 	}
 	n, err := dp.Reap(grace)
@@ -111,7 +112,7 @@ func TestPrivReapLiveAndDead(t *testing.T) {
 		t.Fatalf("reaped %d entries, want %d (the dead flows' and the orphan)", n, 2*len(dead)+1)
 	}
 	left := map[xbpf.CtKey]bool{}
-	if err := walk(m.Conntrack, func(k *xbpf.CtKey, _ *xbpf.CtEntry) { left[*k] = true }); err != nil {
+	if err := maps.Walk(m.Conntrack, func(k *xbpf.CtKey, _ *xbpf.CtEntry) { left[*k] = true }); err != nil {
 		t.Fatal(err)
 	}
 	if len(left) != 2*(len(live)+len(graced))+2 {
@@ -134,7 +135,7 @@ func TestPrivReapLiveAndDead(t *testing.T) {
 	}
 	slices.Sort(prints.prints)
 	pk := live[0]
-	prk := xbpf.CtKey{Saddr: [16]byte{10, 244, 0, 11}, Daddr: pk.Saddr, Sport: htons(8080), Dport: pk.Sport, Proto: 6, Family: xbpf.FamilyIPv4}
+	prk := xbpf.CtKey{Saddr: [16]byte{10, 244, 0, 11}, Daddr: pk.Saddr, Sport: maps.Htons(8080), Dport: pk.Sport, Proto: 6, Family: xbpf.FamilyIPv4}
 	pre := xbpf.CtEntry{NatAddr: pk.Daddr, NatPort: pk.Dport, SnatAddr: pk.Saddr, SnatPort: pk.Sport, Flags: uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
 	if !prints.mayLive(prk, pre) || !prints.mayLive(mrk, mre) || prints.mayLive(ork, ore) {
 		t.Fatalf("fingerprints: plain flow %v, masqueraded %v, orphan %v; want true, true, false",
@@ -147,7 +148,7 @@ func TestPrivReapLiveAndDead(t *testing.T) {
 // per entry.
 func BenchmarkPrivReap(b *testing.B) {
 	m, dp, _ := datapathForTest(b)
-	now, err := monotonicNow()
+	now, err := maps.MonotonicNow()
 	if err != nil {
 		b.Fatal(err)
 	}

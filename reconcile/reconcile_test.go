@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -63,14 +64,10 @@ func heads(s *memSet) map[string]xbpf.SvcValue {
 	out := map[string]xbpf.SvcValue{}
 	for k, v := range s.services.m {
 		if k.Slot == 0 {
-			out[frontendOf(k).String()+"/"+string(rune('0'+k.Scope))] = v
+			out[maps.FrontendOf(k).String()+"/"+string(rune('0'+k.Scope))] = v
 		}
 	}
 	return out
-}
-
-func (k frontendKey) String() string {
-	return netip.AddrPortFrom(k.addr, k.port).String() + "/" + k.proto.String()
 }
 
 // TestReconcileCommitOrder: a new Service reaches the maps backends first,
@@ -134,7 +131,7 @@ func TestReconcilePlans(t *testing.T) {
 			return svcPort("a", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080", "10.244.2.3:8080")
 		}, func(t *testing.T, d *Datapath, s *memSet) {
 			h := heads(s)["172.30.0.10:80/TCP/0"]
-			if h.Count != 2 || h.Flags != flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS) || h.Kind != kindOf(model.ClusterIP) {
+			if h.Count != 2 || h.Flags != flag(xbpf.XvsXvsSvcFlagsXVS_SVC_F_HAS_ENDPOINTS) || h.Kind != maps.KindOf(model.ClusterIP) {
 				t.Fatalf("head %+v", h)
 			}
 			if len(s.vips.m) != 1 {
@@ -229,7 +226,7 @@ func TestReconcileConflictAndLimits(t *testing.T) {
 	if err := memSync(t, d, second, first); err != nil {
 		t.Fatal(err)
 	}
-	if owner := d.owners[keyOf(first.Frontends[0])]; owner != first.Name {
+	if owner := d.owners[maps.KeyOf(first.Frontends[0])]; owner != first.Name {
 		t.Fatalf("frontend owned by %s, want %s", owner, first.Name)
 	}
 	if ps := d.Problems(); len(ps) != 1 || !strings.Contains(ps[0], "already served by a/x") {
@@ -305,7 +302,7 @@ func TestReconcileOnlyChanged(t *testing.T) {
 
 	// The maps lose a's head behind the agent's back, and a write fails.
 	for k := range s.services.m {
-		if frontendOf(k).addr == netip.MustParseAddr("172.30.0.10") && k.Slot == 0 {
+		if maps.FrontendOf(k).Addr == netip.MustParseAddr("172.30.0.10") && k.Slot == 0 {
 			delete(s.services.m, k)
 		}
 	}

@@ -1,4 +1,4 @@
-package maps
+package reconcile
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -115,20 +116,20 @@ func (d *Datapath) adoptPending() {
 // traffic through it, after which its port could be given again.
 func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 	res := AdoptResult{Skipped: map[string]int{}}
-	now, err := monotonicNow()
+	now, err := maps.MonotonicNow()
 	if err != nil {
 		return res, err
 	}
 	ct := d.w.conntrack[0]
 	var failed error
 	for _, f := range flows {
-		fk := frontendKey{addr: f.Frontend.Addr().Unmap(), port: f.Frontend.Port(), proto: f.Proto}
+		fk := maps.FrontendKey{Addr: f.Frontend.Addr().Unmap(), Port: f.Frontend.Port(), Proto: f.Proto}
 		svcID, ok := d.svcIDs.lookup(fk)
 		if _, served := d.owners[fk]; !ok || !served {
 			res.Skipped[AdoptNotServed]++
 			continue
 		}
-		be, ok := d.backends[newBackendKey(f.Backend.Addr().Unmap(), f.Backend.Port(), f.Proto)]
+		be, ok := d.backends[maps.NewBackendKey(f.Backend.Addr().Unmap(), f.Backend.Port(), f.Proto)]
 		if !ok || be.refs == 0 {
 			res.Skipped[AdoptNoBackend]++
 			continue
@@ -170,10 +171,10 @@ func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 // for a new flow, with the state of an established one.
 func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, now uint64) (fwdKey xbpf.CtKey, fwd xbpf.CtEntry, revKey xbpf.CtKey, rev xbpf.CtEntry) {
 	flags := adoptedFlags
-	client, fam := encodeAddr(f.Client.Addr())
-	frontend, _ := encodeAddr(f.Frontend.Addr())
-	backend, _ := encodeAddr(f.Backend.Addr())
-	replyTo, _ := encodeAddr(f.ReplyTo.Addr())
+	client, fam := maps.EncodeAddr(f.Client.Addr())
+	frontend, _ := maps.EncodeAddr(f.Frontend.Addr())
+	backend, _ := maps.EncodeAddr(f.Backend.Addr())
+	replyTo, _ := maps.EncodeAddr(f.ReplyTo.Addr())
 	if f.Masqueraded() {
 		flags |= uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
 	}
@@ -181,17 +182,17 @@ func adoptedEntries(f AdoptedFlow, svcID, backendID uint32, now uint64) (fwdKey 
 	if f.Proto == model.TCP {
 		state = uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)
 	}
-	fwdKey = xbpf.CtKey{Saddr: client, Daddr: frontend, Sport: htons(f.Client.Port()), Dport: htons(f.Frontend.Port()),
+	fwdKey = xbpf.CtKey{Saddr: client, Daddr: frontend, Sport: maps.Htons(f.Client.Port()), Dport: maps.Htons(f.Frontend.Port()),
 		Proto: uint8(f.Proto), Family: fam}
 	fwd = xbpf.CtEntry{Expires: now + uint64(max(f.Remaining, time.Second)), BackendId: backendID, SvcId: svcID,
-		NatAddr: backend, NatPort: htons(f.Backend.Port()), Flags: flags, State: state}
+		NatAddr: backend, NatPort: maps.Htons(f.Backend.Port()), Flags: flags, State: state}
 	if f.Masqueraded() {
-		fwd.SnatAddr, fwd.SnatPort = replyTo, htons(f.ReplyTo.Port())
+		fwd.SnatAddr, fwd.SnatPort = replyTo, maps.Htons(f.ReplyTo.Port())
 	}
-	revKey = xbpf.CtKey{Saddr: backend, Daddr: replyTo, Sport: htons(f.Backend.Port()), Dport: htons(f.ReplyTo.Port()),
+	revKey = xbpf.CtKey{Saddr: backend, Daddr: replyTo, Sport: maps.Htons(f.Backend.Port()), Dport: maps.Htons(f.ReplyTo.Port()),
 		Proto: uint8(f.Proto), Family: fam}
-	rev = xbpf.CtEntry{BackendId: backendID, SvcId: svcID, NatAddr: frontend, NatPort: htons(f.Frontend.Port()),
-		SnatAddr: client, SnatPort: htons(f.Client.Port()), Flags: flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
+	rev = xbpf.CtEntry{BackendId: backendID, SvcId: svcID, NatAddr: frontend, NatPort: maps.Htons(f.Frontend.Port()),
+		SnatAddr: client, SnatPort: maps.Htons(f.Client.Port()), Flags: flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_REPLY)}
 	return fwdKey, fwd, revKey, rev
 }
 
