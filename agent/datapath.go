@@ -347,10 +347,7 @@ func startEBPF(f settings) (*activeDatapath, error) {
 	}()
 	objs, err := loader.Load(p.lcfg)
 	if err != nil {
-		if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, err // this build must not reuse the pinned maps
-		}
-		return nil, kernelError{err}
+		return nil, loadError(err)
 	}
 	var nfMark uint32
 	if f.mode.netfilter == netfilterPass {
@@ -393,6 +390,17 @@ func startEBPF(f settings) (*activeDatapath, error) {
 	// The reaper must be done with the maps before they are closed.
 	ok = true
 	return &activeDatapath{dp: dp, objs: objs, close: func() { stop(); <-reaped; objs.Close(); lock.Close() }}, nil
+}
+
+// loadError classifies a loader.Load error: pinned maps this build must
+// not reuse, or a resize still to finish, are for the operator to settle
+// (a fallback to IPVS would remove the maps and every connection through
+// them); anything else is the kernel's (kernelError: --fallback applies).
+func loadError(err error) error {
+	if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) || errors.Is(err, loader.ErrResizePending) {
+		return err
+	}
+	return kernelError{err}
 }
 
 func startIPVS(log *slog.Logger, f settings, icfg ipvs.Config, m *xmetrics.Metrics) (*activeDatapath, error) {

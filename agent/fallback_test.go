@@ -2,12 +2,14 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/xvs-lb/xvs/loader"
 	xmetrics "github.com/xvs-lb/xvs/metrics"
 )
 
@@ -38,6 +40,9 @@ func TestFallbackOnlyForTheKernel(t *testing.T) {
 		{kernelError{errors.New("load programs: permission denied: invalid mem access")}, true},
 		{errors.Join(errors.New("context"), kernelError{errors.New("map type not supported")}), true},
 		{errors.New("another xvs agent uses this --pin-path"), false},
+		{loadError(errors.New("load programs: invalid argument")), true},
+		{loadError(fmt.Errorf("%w: xvs_conntrack: a resize to 4096 entries is still to be finished", loader.ErrResizePending)), false},
+		{loadError(fmt.Errorf("%w: xvs_services", loader.ErrLayoutChanged)), false},
 	} {
 		if got := errors.As(tc.err, new(kernelError)); got != tc.kernel {
 			t.Errorf("%v: kernel %v, want %v", tc.err, got, tc.kernel)

@@ -58,6 +58,11 @@ type Resize struct {
 	Took         time.Duration
 }
 
+// ErrResizePending is a resize asked for while another, to another size,
+// is still to be finished: a configuration to correct, not a kernel that
+// cannot run the datapath.
+var ErrResizePending = errors.New("conntrack resize pending")
+
 // prepareResize renames the pin of each conntrack table pinned under
 // pinPath with another size than spec's (step 1), and reports whether the
 // running programs read the slots of a pinned xvs_ct_tables. A table
@@ -82,8 +87,8 @@ func prepareResize(pinPath string, spec *ebpf.CollectionSpec) (slotsShared bool,
 		}
 		old := oldTablePin(pinPath, name)
 		if _, err := os.Stat(old); err == nil {
-			return false, fmt.Errorf("%s: a resize to %d entries is still to be finished (pinned %s): start the agent once with that size, then with %d",
-				name, size, old, want)
+			return false, fmt.Errorf("%w: %s: a resize to %d entries is still to be finished (pinned %s): start the agent once with that size, then with %d",
+				ErrResizePending, name, size, old, want)
 		}
 		if err := os.Rename(path, old); err != nil {
 			return false, fmt.Errorf("resize %s: %w", name, err)

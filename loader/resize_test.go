@@ -185,7 +185,7 @@ func TestPrivConntrackResize(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.ConntrackSize = 262144
-	if _, err := Load(cfg); err == nil || !strings.Contains(err.Error(), "start the agent once with that size") {
+	if _, err := Load(cfg); !errors.Is(err, ErrResizePending) || !strings.Contains(err.Error(), "start the agent once with that size") {
 		t.Fatalf("load with a resize pending: %v, want the refusal", err)
 	}
 	if _, err := os.Stat(filepath.Join(cfg.PinPath, xbpf.XvsMapXvsConntrack)); err != nil {
