@@ -263,15 +263,44 @@ func quoteOf(payload []byte) (proto layers.IPProtocol, src, dst netip.AddrPort, 
 		hl := int(payload[0]&0xf) * 4
 		l4 = payload[hl : hl+8]
 	case len(payload) >= 48 && payload[0]>>4 == 6:
-		proto = layers.IPProtocol(payload[6])
 		sa, da = netip.AddrFrom16([16]byte(payload[8:24])), netip.AddrFrom16([16]byte(payload[24:40]))
-		l4 = payload[40:48]
+		var off int
+		var ok bool
+		if proto, off, ok = quote6L4(payload); !ok {
+			return 0, src, dst, false
+		}
+		l4 = payload[off : off+8]
 	default:
 		return 0, src, dst, false
 	}
 	src = netip.AddrPortFrom(sa, binary.BigEndian.Uint16(l4))
 	dst = netip.AddrPortFrom(da, binary.BigEndian.Uint16(l4[2:]))
 	return proto, src, dst, true
+}
+
+// quote6L4 is where the L4 header of the IPv6 packet quoted in payload
+// starts, past up to four extension headers, as the datapath reads a
+// quote; not ok for a later fragment, an unknown header, or fewer than 8
+// bytes of L4 header.
+func quote6L4(payload []byte) (layers.IPProtocol, int, bool) {
+	proto, off := layers.IPProtocol(payload[6]), 40
+	for range 4 {
+		if proto == layers.IPProtocolTCP || proto == layers.IPProtocolUDP || len(payload) < off+8 {
+			break
+		}
+		switch proto {
+		case layers.IPProtocolIPv6HopByHop, layers.IPProtocolIPv6Routing, layers.IPProtocolIPv6Destination:
+			proto, off = layers.IPProtocol(payload[off]), off+(int(payload[off+1])+1)*8
+		case layers.IPProtocolIPv6Fragment:
+			if binary.BigEndian.Uint16(payload[off+2:])&0xfff8 != 0 {
+				return 0, 0, false
+			}
+			proto, off = layers.IPProtocol(payload[off]), off+8
+		default:
+			return 0, 0, false
+		}
+	}
+	return proto, off, (proto == layers.IPProtocolTCP || proto == layers.IPProtocolUDP) && len(payload) >= off+8
 }
 
 // quoteOK judges a translated ICMP error by its quote. About a request:
@@ -312,7 +341,11 @@ func (w *fuzzWorld) quoteOK(din, dout fuzzPacket) string {
 	}
 	n := int(din.payload[0]&0xf)*4 + 8
 	if sin.Addr().Is6() {
-		n = 48
+		// Extension headers stay as they were.
+		_, off, _ := quote6L4(din.payload)
+		if n = off + 8; !bytes.Equal(din.payload[40:off], dout.payload[40:off]) {
+			return "the quoted IPv6 packet's extension headers changed"
+		}
 	} else {
 		// The quoted header's options stay, and its checksum is updated
 		// for the new addresses: right if it was right (a wrong one,
@@ -343,6 +376,24 @@ func withOptions(q []byte, words int) []byte {
 	binary.BigEndian.PutUint16(out[2:], binary.BigEndian.Uint16(q[2:])+uint16(4*words))
 	out[10], out[11] = 0, 0
 	binary.BigEndian.PutUint16(out[10:], ipChecksum(out[:20+4*words]))
+	return out
+}
+
+// withExt6 puts extension headers between the quoted IPv6 header q
+// (quoted's) and its L4 header: destination options (a PadN), behind the
+// header of a first fragment when frag; and sets the length and next
+// header fields.
+func withExt6(q []byte, frag bool) []byte {
+	ext := []byte{q[6], 0, 1, 4, 0, 0, 0, 0} // next header, length 0, PadN of 4
+	first := byte(60)                       // destination options
+	if frag {
+		// Offset 0, more fragments: the first of a datagram.
+		ext = append([]byte{60, 0, 0, 1, 0xfe, 0xed, 0xfa, 0xce}, ext...)
+		first = 44
+	}
+	out := append(append(slices.Clone(q[:40]), ext...), q[40:]...)
+	out[6] = first
+	binary.BigEndian.PutUint16(out[4:], binary.BigEndian.Uint16(q[4:])+uint16(len(ext)))
 	return out
 }
 
@@ -789,7 +840,12 @@ func (g *packetGen) next() ([]byte, string) {
 			icmp.TypeCode = layers.CreateICMPv6TypeCode(uint8(1+g.pick(4)), 0)
 			// The 4 bytes after type, code and checksum (unused, or the
 			// MTU or pointer) start the payload gopacket writes.
-			payload = append([]byte{0, 0, 5, 0}, quoted(dst, src, quoteProto, dport, sport)...)
+			q := quoted(dst, src, quoteProto, dport, sport)
+			if g.pick(3) == 0 {
+				q = withExt6(q, g.pick(2) == 0)
+				note += "quote with extension headers "
+			}
+			payload = append([]byte{0, 0, 5, 0}, q...)
 		}
 		icmp.SetNetworkLayerForChecksum(netl)
 		ls = append(ls, icmp, gopacket.Payload(payload))

@@ -1,6 +1,7 @@
 package bpf_test
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		router   netip.Addr // the error's sender when not the backend
 		masq     bool
 		fromNode bool
-		opts     int // words of IPv4 options in the quoted header
+		opts     int // words of IPv4 options in the quoted header; IPv6: 1 destination options, 2 and a fragment header
 	}{
 		{"pod to ClusterIP, error from the backend", model.TCP, podCli, netip.AddrPortFrom(vip, 80), netip.Addr{}, false, false, 0},
 		{"pod to ClusterIP, error from a router", model.TCP, podCli, netip.AddrPortFrom(vip, 80), router4, false, false, 0},
@@ -77,19 +78,33 @@ func TestPrivPacketICMPErrors(t *testing.T) {
 		{"IPv6 TCP to ClusterIP, error from a router", model.TCP, cl6, netip.AddrPortFrom(vip6, 80), router6, false, false, 0},
 		{"pod to ClusterIP, error from a router quoting IPv4 options", model.TCP, podCli, netip.AddrPortFrom(vip, 80), router4, false, false, 2},
 		{"external to NodePort (masqueraded), error from the backend quoting 40 bytes of options", model.TCP, client, netip.AddrPortFrom(nodeIP, 30080), netip.Addr{}, true, false, 10},
+		{"IPv6 TCP to ClusterIP, error from a router quoting destination options", model.TCP, cl6, netip.AddrPortFrom(vip6, 80), router6, false, false, 1},
+		{"IPv6 UDP to ClusterIP, error from the backend quoting a first fragment", model.UDP, cl6, netip.AddrPortFrom(vip6, 53), netip.Addr{}, false, false, 2},
 	}
 	for i, c := range cases {
 		sport := uint16(42000 + i)
 		// quote is what the error quotes, with the case's options; the
 		// translated quote must keep them, under a valid checksum.
+		var sent []byte // the last quote built
 		quote := func(q []byte) []byte {
-			if c.opts > 0 {
+			switch {
+			case c.opts > 0 && c.src.Is6():
+				sent = withExt6(q, c.opts > 1)
+				return sent
+			case c.opts > 0:
 				return withOptions(q, c.opts)
 			}
 			return q
 		}
 		quoteIntact := func(what string, payload []byte) {
 			if c.opts == 0 {
+				return
+			}
+			if c.src.Is6() {
+				end := 40 + 8*c.opts
+				if payload[6] != sent[6] || !bytes.Equal(payload[40:end], sent[40:end]) {
+					t.Fatalf("%s, %s: the quote's extension headers changed: % x", c.name, what, payload[:end])
+				}
 				return
 			}
 			hl := int(payload[0]&0xf) * 4

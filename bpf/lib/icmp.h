@@ -25,8 +25,9 @@
  *
  * Only destination unreachable (fragmentation needed, packet too big),
  * time exceeded and parameter problem quote a packet. A quoted IPv4 header
- * may carry options (its ports follow them); a quote of an IPv6 header
- * with extension headers is left alone. */
+ * may carry options, a quoted IPv6 header extension headers (hop-by-hop,
+ * routing, destination options, the first fragment's header): the ports
+ * follow them. */
 #ifndef XVS_ICMP_H
 #define XVS_ICMP_H
 
@@ -57,14 +58,6 @@
 struct icmp_ports {
 	__be16 sport;
 	__be16 dport;
-};
-
-/* The same for IPv6: the fixed header and the first 8 bytes after it. */
-struct icmp6_quote {
-	struct ipv6hdr ip;
-	__be16 sport;
-	__be16 dport;
-	__be32 rest;
 };
 
 /* How an error is translated: its quote's new source and destination, the
@@ -244,12 +237,43 @@ static __always_inline int icmp6_set_addr(struct __sk_buff *skb, __u32 off, __u3
 	return 0;
 }
 
+/* Where the ports of the IPv6 packet quoted at off start, past the
+ * extension headers the parser walks (parse_ipv6), and in *nexthdr its
+ * protocol; 0 when the quote has no ports of a flow: not TCP or UDP, too
+ * many or unknown extension headers, or a later fragment. */
+static __always_inline __u32 icmp6_quote_ports(struct __sk_buff *skb, __u32 off, __u8 *nexthdr)
+{
+	struct ipv6_ext_hdr h;
+
+	off += sizeof(struct ipv6hdr);
+	for (int i = 0; i < IPV6_EXT_MAX; i++) {
+		if (*nexthdr == IPPROTO_TCP || *nexthdr == IPPROTO_UDP)
+			return off;
+		if (*nexthdr != IPV6_EXT_HOPOPTS && *nexthdr != IPV6_EXT_ROUTING &&
+		    *nexthdr != IPV6_EXT_DSTOPTS && *nexthdr != IPV6_EXT_FRAGMENT)
+			return 0;
+		if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)))
+			return 0;
+		if (*nexthdr == IPV6_EXT_FRAGMENT) {
+			if (bpf_ntohs(h.frag_off) & IPV6_FRAG_OFFSET)
+				return 0;
+			off += sizeof(h);
+		} else {
+			off += ((__u32)h.len + 1) * 8;
+		}
+		*nexthdr = h.nexthdr;
+	}
+	return *nexthdr == IPPROTO_TCP || *nexthdr == IPPROTO_UDP ? off : 0;
+}
+
 /* An ICMPv6 error (l3_off: where its IPv6 header starts); see
- * icmp_error. */
+ * icmp_error. The quoted header may be followed by extension headers:
+ * its ports follow them, and must be in the error too. */
 static __attribute__((noinline)) int icmp6_error(struct __sk_buff *skb, __u32 l3_off, bool egress,
 						 __u32 *nf_flags)
 {
-	struct icmp6_quote q, nq;
+	struct icmp_ports qp, nqp;
+	struct ipv6hdr q, nq;
 	struct xvs_ct_key rk = {};
 	struct icmp_nat n = {};
 	struct ipv6hdr outer;
@@ -257,17 +281,23 @@ static __attribute__((noinline)) int icmp6_error(struct __sk_buff *skb, __u32 l3
 
 	if (bpf_skb_load_bytes(skb, l3_off, &outer, sizeof(outer)) || outer.nexthdr != IPPROTO_ICMPV6 ||
 	    sizeof(outer) + bpf_ntohs(outer.payload_len) > skb->len - l3_off ||
-	    bpf_ntohs(outer.payload_len) < 8 + sizeof(struct icmp6_quote))
+	    bpf_ntohs(outer.payload_len) < 8 + sizeof(q) + 8)
 		return 0;
 	__u32 icmp_off = l3_off + sizeof(outer);
 
 	if (bpf_skb_load_bytes(skb, icmp_off, &type, 1) || type < ICMPV6_ERROR_MIN || type > ICMPV6_ERROR_MAX)
 		return 0;
-	if (bpf_skb_load_bytes(skb, icmp_off + 8, &q, sizeof(q)) || q.ip.version != 6 ||
-	    (q.ip.nexthdr != IPPROTO_TCP && q.ip.nexthdr != IPPROTO_UDP) ||
-	    !addr_eq((const __u8 *)&q.ip.saddr, (const __u8 *)&outer.daddr))
+	if (bpf_skb_load_bytes(skb, icmp_off + 8, &q, sizeof(q)) || q.version != 6 ||
+	    !addr_eq((const __u8 *)&q.saddr, (const __u8 *)&outer.daddr))
 		return 0;
-	ct_key(&rk, (const __u8 *)&q.ip.daddr, (const __u8 *)&q.ip.saddr, q.dport, q.sport, q.ip.nexthdr,
+	__u8 proto = q.nexthdr;
+	__u32 ports_off = icmp6_quote_ports(skb, icmp_off + 8, &proto);
+
+	/* The quote holds at least 8 bytes of its L4 header, as of IPv4. */
+	if (!ports_off || ports_off + 8 > icmp_off + bpf_ntohs(outer.payload_len) ||
+	    bpf_skb_load_bytes(skb, ports_off, &qp, sizeof(qp)))
+		return 0;
+	ct_key(&rk, (const __u8 *)&q.daddr, (const __u8 *)&q.saddr, qp.dport, qp.sport, proto,
 	       XVS_FAMILY_IPV6);
 	int about = icmp_nat(&rk, egress, (const __u8 *)&outer.saddr, &n);
 
@@ -275,12 +305,13 @@ static __attribute__((noinline)) int icmp6_error(struct __sk_buff *skb, __u32 l3
 		return 0;
 
 	nq = q;
-	__builtin_memcpy(&nq.ip.saddr, n.qsaddr, 16);
-	nq.sport = n.qsport;
-	__builtin_memcpy(&nq.ip.daddr, n.qdaddr, 16);
-	nq.dport = n.qdport;
+	__builtin_memcpy(&nq.saddr, n.qsaddr, 16);
+	__builtin_memcpy(&nq.daddr, n.qdaddr, 16);
+	nqp.sport = n.qsport;
+	nqp.dport = n.qdport;
 
-	if (icmp_put_quote(skb, icmp_off, icmp_off + 8, &q, &nq, sizeof(nq)))
+	if (icmp_put_quote(skb, icmp_off, icmp_off + 8, &q, &nq, sizeof(nq)) ||
+	    icmp_put_quote(skb, icmp_off, ports_off, &qp, &nqp, sizeof(nqp)))
 		return -1;
 
 	/* The outer header's addresses are in the ICMPv6 checksum's
