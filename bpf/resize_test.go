@@ -42,8 +42,16 @@ func TestPrivPacketConntrackMidResize(t *testing.T) {
 	}
 
 	oldEst, oldUnr := e.objs.XvsConntrack, e.objs.XvsCtUnreplied
+	spec, err := xbpf.LoadXvs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the loader makes them: with the entry's BTF, which Linux 6.1
+	// requires of every map in the slots alike.
 	newTable := func(size uint32) *ebpf.Map {
-		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: oldEst.KeySize(), ValueSize: oldEst.ValueSize(), MaxEntries: size})
+		ms := spec.Maps[xbpf.XvsMapXvsConntrack].Copy()
+		ms.MaxEntries, ms.Pinning = size, ebpf.PinNone
+		m, err := ebpf.NewMap(ms)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -64,6 +64,19 @@ func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 	return id
 }
 
+// ctTable makes a conntrack table of size entries as the loader does,
+// with the entry's BTF (Linux 6.1 puts in the slots only maps alike in it).
+func ctTable(t *testing.T, size uint32) (*ebpf.Map, error) {
+	t.Helper()
+	spec, err := xbpf.LoadXvs()
+	if err != nil {
+		return nil, err
+	}
+	ms := spec.Maps[xbpf.XvsMapXvsConntrack].Copy()
+	ms.MaxEntries, ms.Pinning = size, ebpf.PinNone
+	return ebpf.NewMap(ms)
+}
+
 // TestPrivConntrackResize: a new conntrack size (up, then down) takes
 // effect at the next Load with every entry kept, in the new tables the
 // programs of the earlier Load use as well (they read the same slots);
@@ -153,8 +166,8 @@ func TestPrivConntrackResize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: pinned.KeySize(), ValueSize: pinned.ValueSize(), MaxEntries: 4096})
 	pinned.Close()
+	old, err := ctTable(t, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +189,7 @@ func TestPrivConntrackResize(t *testing.T) {
 	}
 
 	// Pending with another size than asked now: refused, pins untouched.
-	old, err = ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: objs.XvsConntrack.KeySize(), ValueSize: objs.XvsConntrack.ValueSize(), MaxEntries: 4096})
+	old, err = ctTable(t, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,9 +72,10 @@ static __always_inline void *ct_table(__u32 slot)
 
 /* The entry at k in old table slot t + XVS_CT_OLD, copied into the table
  * in use (cur) unless that has one by now; NULL when the old table has
- * none (or there is no resize). */
-static __attribute__((noinline)) struct xvs_ct_entry *ct_get_old(__u32 t, void *cur,
-								 const struct xvs_ct_key *k)
+ * none (or there is no resize). Inlined: a call frame of its own would
+ * take the deepest call chain past the 512 bytes of stack Linux 6.1
+ * allows all frames together. */
+static __always_inline struct xvs_ct_entry *ct_get_old(__u32 t, void *cur, const struct xvs_ct_key *k)
 {
 	void *old = ct_table(t + XVS_CT_OLD);
 	struct xvs_ct_entry *e, *n;
