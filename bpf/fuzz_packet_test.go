@@ -385,7 +385,7 @@ func withOptions(q []byte, words int) []byte {
 // header fields.
 func withExt6(q []byte, frag bool) []byte {
 	ext := []byte{q[6], 0, 1, 4, 0, 0, 0, 0} // next header, length 0, PadN of 4
-	first := byte(60)                       // destination options
+	first := byte(60)                        // destination options
 	if frag {
 		// Offset 0, more fragments: the first of a datagram.
 		ext = append([]byte{60, 0, 0, 1, 0xfe, 0xed, 0xfa, 0xce}, ext...)
