@@ -31,6 +31,37 @@ func RunCommand(args []string) error {
 // cmdRun is `xvs conformance run`: it runs a corpus. It fails (exit 1)
 // when any probe fails or any scenario is malformed.
 func cmdRun(args []string) error {
+	rf, err := parseRunFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	res, runErr := Run(ctx, rf.dir, rf.opts)
+	if res != nil {
+		if err := rf.write(res); err != nil {
+			return err
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	if res.Failed > 0 {
+		return fmt.Errorf("%d failed", res.Failed)
+	}
+	return nil
+}
+
+// runFlags is what `conformance run`'s command line asks for.
+type runFlags struct {
+	dir  string
+	opts Options
+	// output is stdout's format; jsonOut and report name the files the
+	// results also go to ("": none).
+	output, jsonOut, report string
+}
+
+func parseRunFlags(args []string) (*runFlags, error) {
 	fs := flag.NewFlagSet("conformance run", flag.ContinueOnError)
 	mode := fs.String("mode", ModeEBPF, "datapath under test: ebpf or ipvs")
 	jsonOut := fs.String("json", "", "also write machine-readable results to FILE")
@@ -42,83 +73,77 @@ func cmdRun(args []string) error {
 	nfMode := fs.String("netfilter-mode", "", "ebpf mode only: the agent's --netfilter-mode (pass or bypass; default: the agent's)")
 	noAgentChecks := fs.Bool("no-agent-checks", false, "leave out the checks of the agent's /healthz, /livez, /proxyMode and /metrics after each scenario")
 	// Flags may follow the directory: `run DIR --mode ipvs`.
-	var dir string
+	rf := &runFlags{}
 	rest := args
 	for len(rest) > 0 {
 		if err := fs.Parse(rest); err != nil {
-			return err
+			return nil, err
 		}
 		if fs.NArg() == 0 {
 			break
 		}
-		if dir != "" {
-			return fmt.Errorf("one corpus directory, got %q and %q", dir, fs.Arg(0))
+		if rf.dir != "" {
+			return nil, fmt.Errorf("one corpus directory, got %q and %q", rf.dir, fs.Arg(0))
 		}
-		dir, rest = fs.Arg(0), fs.Args()[1:]
+		rf.dir, rest = fs.Arg(0), fs.Args()[1:]
 	}
-	if dir == "" {
-		return errors.New("usage: xvs conformance run DIR --mode ebpf|ipvs")
+	if rf.dir == "" {
+		return nil, errors.New("usage: xvs conformance run DIR --mode ebpf|ipvs")
 	}
 	bin, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	opts := Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks, NetfilterMode: *nfMode}
+	rf.output, rf.jsonOut, rf.report = *output, *jsonOut, *report
+	rf.opts = Options{Mode: *mode, Bin: bin, Out: os.Stdout, LogDir: *logDir, NoAgentChecks: *noAgentChecks, NetfilterMode: *nfMode}
 	switch {
 	case *nfMode == "":
 	case *mode != ModeEBPF:
-		return fmt.Errorf("--netfilter-mode: ebpf mode only (mode %s)", *mode)
+		return nil, fmt.Errorf("--netfilter-mode: ebpf mode only (mode %s)", *mode)
 	case *nfMode != "pass" && *nfMode != "bypass":
-		return fmt.Errorf("--netfilter-mode %q: want pass or bypass", *nfMode)
+		return nil, fmt.Errorf("--netfilter-mode %q: want pass or bypass", *nfMode)
 	}
-	if *output == "json" {
-		opts.Out = os.Stderr
-	} else if *output != "text" {
-		return fmt.Errorf("-o %q: want text or json", *output)
+	if rf.output == "json" {
+		rf.opts.Out = os.Stderr
+	} else if rf.output != "text" {
+		return nil, fmt.Errorf("-o %q: want text or json", rf.output)
 	}
 	if *filter != "" {
-		if opts.Filter, err = regexp.Compile(*filter); err != nil {
-			return fmt.Errorf("--run: %w", err)
+		if rf.opts.Filter, err = regexp.Compile(*filter); err != nil {
+			return nil, fmt.Errorf("--run: %w", err)
 		}
 	}
 	if *skip != "" {
-		if opts.Skip, err = regexp.Compile(*skip); err != nil {
-			return fmt.Errorf("--skip: %w", err)
+		if rf.opts.Skip, err = regexp.Compile(*skip); err != nil {
+			return nil, fmt.Errorf("--skip: %w", err)
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	res, runErr := Run(ctx, dir, opts)
-	if res != nil {
-		if *output == "json" {
-			if err := writeJSON(os.Stdout, res); err != nil {
-				return err
-			}
-		}
-		if *jsonOut != "" {
-			f, err := os.Create(*jsonOut)
-			if err != nil {
-				return err
-			}
-			err = writeJSON(f, res)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		}
-		if *report != "" {
-			if err := os.WriteFile(*report, Report([]*Results{res}, "", nil), 0o644); err != nil {
-				return err
-			}
+	return rf, nil
+}
+
+// write puts a run's results where the flags asked: stdout (-o json), the
+// --json file, the --report file.
+func (rf *runFlags) write(res *Results) error {
+	if rf.output == "json" {
+		if err := writeJSON(os.Stdout, res); err != nil {
+			return err
 		}
 	}
-	if runErr != nil {
-		return runErr
+	if rf.jsonOut != "" {
+		f, err := os.Create(rf.jsonOut)
+		if err != nil {
+			return err
+		}
+		err = writeJSON(f, res)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
 	}
-	if res.Failed > 0 {
-		return fmt.Errorf("%d failed", res.Failed)
+	if rf.report != "" {
+		return os.WriteFile(rf.report, Report([]*Results{res}, "", nil), 0o644)
 	}
 	return nil
 }

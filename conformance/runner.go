@@ -92,22 +92,8 @@ const (
 // bad options); failures are in the results. ctx cancellation stops after
 // the current scenario is torn down.
 func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
-	switch opts.Mode = canonicalMode(opts.Mode); opts.Mode {
-	case ModeEBPF, ModeIPVS:
-	default:
-		return nil, errors.New("mode: want ebpf or ipvs")
-	}
-	if opts.Bin == "" {
-		return nil, errors.New("no xvs binary to run as the agent")
-	}
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	if opts.SyncTimeout <= 0 {
-		opts.SyncTimeout = 30 * time.Second
-	}
-	if os.Geteuid() != 0 {
-		return nil, errors.New("the runner needs root (network namespaces, BPF)")
+	if err := opts.complete(); err != nil {
+		return nil, err
 	}
 	if err := CleanupStale(); err != nil {
 		fmt.Fprintf(opts.Out, "warning: leftovers of a crashed run: %s\n", oneLine(err.Error()))
@@ -125,21 +111,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		return nil, err
 	}
 	res := &Results{Mode: opts.Mode, NetfilterMode: opts.NetfilterMode, Corpus: dir, Started: time.Now().UTC(), Kernel: kernelRelease(), Build: buildRevision()}
-	for _, e := range bad {
-		var me *MalformedError
-		file, reason := "", e.Error()
-		if errors.As(e, &me) {
-			file, reason = me.File, me.Err.Error()
-		}
-		name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(file), ".yaml"), ".yml")
-		if !opts.selects(name) {
-			continue
-		}
-		sr := ScenarioResult{File: file, Name: name, Status: StatusMalformed, Error: reason}
-		fmt.Fprintf(opts.Out, "FAIL  %s | (malformed scenario) | %s | %s\n", name, file, oneLine(reason))
-		res.Failed++
-		res.Scenarios = append(res.Scenarios, sr)
-	}
+	res.addMalformed(bad, &opts)
 	for _, sc := range scs {
 		if opts.Skip != nil && opts.Skip.MatchString(sc.Name) {
 			fmt.Fprintf(opts.Out, "SKIP  %s | (--skip %s)\n", sc.Name, opts.Skip)
@@ -154,17 +126,7 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		start := time.Now()
 		sr := runScenario(ctx, sc, &opts)
 		sr.Duration = Duration(time.Since(start))
-		for _, p := range sr.Probes {
-			if p.Pass {
-				res.Passed++
-			} else {
-				res.Failed++
-			}
-		}
-		if sr.Status == StatusError {
-			res.Failed++
-		}
-		res.Scenarios = append(res.Scenarios, sr)
+		res.add(sr)
 	}
 	if opts.explain != nil {
 		opts.explain.Close()
@@ -182,6 +144,64 @@ func Run(ctx context.Context, dir string, opts Options) (*Results, error) {
 		return res, fmt.Errorf("interrupted: %w", err)
 	}
 	return res, nil
+}
+
+// complete checks the options a run needs and fills in the defaults.
+func (o *Options) complete() error {
+	switch o.Mode = canonicalMode(o.Mode); o.Mode {
+	case ModeEBPF, ModeIPVS:
+	default:
+		return errors.New("mode: want ebpf or ipvs")
+	}
+	if o.Bin == "" {
+		return errors.New("no xvs binary to run as the agent")
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.SyncTimeout <= 0 {
+		o.SyncTimeout = 30 * time.Second
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the runner needs root (network namespaces, BPF)")
+	}
+	return nil
+}
+
+// addMalformed records each scenario file the run selects that could not
+// be read as a failure of its own.
+func (res *Results) addMalformed(bad []error, opts *Options) {
+	for _, e := range bad {
+		var me *MalformedError
+		file, reason := "", e.Error()
+		if errors.As(e, &me) {
+			file, reason = me.File, me.Err.Error()
+		}
+		name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(file), ".yaml"), ".yml")
+		if !opts.selects(name) {
+			continue
+		}
+		sr := ScenarioResult{File: file, Name: name, Status: StatusMalformed, Error: reason}
+		fmt.Fprintf(opts.Out, "FAIL  %s | (malformed scenario) | %s | %s\n", name, file, oneLine(reason))
+		res.Failed++
+		res.Scenarios = append(res.Scenarios, sr)
+	}
+}
+
+// add counts a scenario's probes (and a scenario that could not run) and
+// keeps its result.
+func (res *Results) add(sr ScenarioResult) {
+	for _, p := range sr.Probes {
+		if p.Pass {
+			res.Passed++
+		} else {
+			res.Failed++
+		}
+	}
+	if sr.Status == StatusError {
+		res.Failed++
+	}
+	res.Scenarios = append(res.Scenarios, sr)
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

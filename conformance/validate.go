@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -229,54 +230,11 @@ func (v *validator) step(where string, st *Step) {
 	case st.Probes != nil:
 		v.probes(where+".probes", st.Probes)
 	case st.Apply != nil:
-		for j, raw := range st.Apply {
-			k, err := keyOf(raw)
-			if err != nil {
-				v.bad("%s.apply[%d]: %v", where, j, err)
-				continue
-			}
-			v.needV3Kind(fmt.Sprintf("%s.apply[%d]", where, j), k)
-			v.objs[k] = true
-		}
+		v.apply(where, st.Apply)
 	case st.Delete != nil:
-		for j, r := range st.Delete {
-			k := r.key()
-			if r.Kind == "" || r.Name == "" {
-				v.bad("%s.delete[%d]: kind and name are required", where, j)
-			} else if !v.objs[k] {
-				v.bad("%s.delete[%d]: no %s %s/%s exists at this point", where, j, k.Kind, k.Namespace, k.Name)
-			}
-			delete(v.objs, k)
-		}
+		v.delete(where, st.Delete)
 	case st.Hold != nil:
-		h := st.Hold
-		if h.Name == "" {
-			v.bad("%s.hold: name is required", where)
-		} else if v.holds[h.Name] {
-			v.bad("%s.hold: name %q used twice", where, h.Name)
-		}
-		v.holds[h.Name] = true
-		if !h.From.IP.IsValid() {
-			v.bad("%s.hold: from is required", where)
-		}
-		var err error
-		if h.to, err = parseTo(h.To); err != nil {
-			v.bad("%s.hold: %v", where, err)
-		} else if h.From.IP.IsValid() && h.From.IP.Is4() != h.to.Addr().Is4() {
-			v.bad("%s.hold: from %s and to %s are of different families", where, h.From.IP, h.to)
-		}
-		var v2 []string
-		if h.SourcePort != 0 {
-			v2 = append(v2, "sourcePort")
-		}
-		if h.Bulk != nil {
-			v2 = append(v2, "bulk")
-			v.bulk[h.Name] = true
-			if h.Bulk.Rate > 100<<20 {
-				v.bad("%s.hold.bulk.rate %s: at most 100MiB (per second)", where, h.Bulk.Rate)
-			}
-		}
-		v.needV2(where+".hold", v2)
+		v.hold(where, st.Hold)
 	case st.Check != nil:
 		if !v.holds[st.Check.Held] {
 			v.bad("%s.check: no earlier hold named %q", where, st.Check.Held)
@@ -285,15 +243,7 @@ func (v *validator) step(where string, st *Step) {
 			v.bad("%s.check: alive (true or false) is required", where)
 		}
 	case st.Session != nil:
-		s := st.Session
-		if v.sessions[s.Name] {
-			v.bad("%s.session: name %q used twice", where, s.Name)
-		}
-		v.sessions[s.Name] = true
-		for _, err := range s.validate() {
-			v.bad("%s.session %q: %v", where, s.Name, err)
-		}
-		v.needV2(where, []string{"session"})
+		v.session(where, st.Session)
 	case st.Await != nil:
 		if !v.sessions[st.Await.Session] {
 			v.bad("%s.await: no earlier session named %q", where, st.Await.Session)
@@ -307,6 +257,72 @@ func (v *validator) step(where string, st *Step) {
 			v.bad("%s.sleep: %v out of range (0..10m)", where, time.Duration(*st.Sleep))
 		}
 	}
+}
+
+func (v *validator) apply(where string, objs []json.RawMessage) {
+	for j, raw := range objs {
+		k, err := keyOf(raw)
+		if err != nil {
+			v.bad("%s.apply[%d]: %v", where, j, err)
+			continue
+		}
+		v.needV3Kind(fmt.Sprintf("%s.apply[%d]", where, j), k)
+		v.objs[k] = true
+	}
+}
+
+func (v *validator) delete(where string, refs []ObjectRef) {
+	for j, r := range refs {
+		k := r.key()
+		if r.Kind == "" || r.Name == "" {
+			v.bad("%s.delete[%d]: kind and name are required", where, j)
+		} else if !v.objs[k] {
+			v.bad("%s.delete[%d]: no %s %s/%s exists at this point", where, j, k.Kind, k.Namespace, k.Name)
+		}
+		delete(v.objs, k)
+	}
+}
+
+// hold checks a held connection and parses its destination.
+func (v *validator) hold(where string, h *Hold) {
+	if h.Name == "" {
+		v.bad("%s.hold: name is required", where)
+	} else if v.holds[h.Name] {
+		v.bad("%s.hold: name %q used twice", where, h.Name)
+	}
+	v.holds[h.Name] = true
+	if !h.From.IP.IsValid() {
+		v.bad("%s.hold: from is required", where)
+	}
+	var err error
+	if h.to, err = parseTo(h.To); err != nil {
+		v.bad("%s.hold: %v", where, err)
+	} else if h.From.IP.IsValid() && h.From.IP.Is4() != h.to.Addr().Is4() {
+		v.bad("%s.hold: from %s and to %s are of different families", where, h.From.IP, h.to)
+	}
+	var v2 []string
+	if h.SourcePort != 0 {
+		v2 = append(v2, "sourcePort")
+	}
+	if h.Bulk != nil {
+		v2 = append(v2, "bulk")
+		v.bulk[h.Name] = true
+		if h.Bulk.Rate > 100<<20 {
+			v.bad("%s.hold.bulk.rate %s: at most 100MiB (per second)", where, h.Bulk.Rate)
+		}
+	}
+	v.needV2(where+".hold", v2)
+}
+
+func (v *validator) session(where string, s *Session) {
+	if v.sessions[s.Name] {
+		v.bad("%s.session: name %q used twice", where, s.Name)
+	}
+	v.sessions[s.Name] = true
+	for _, err := range s.validate() {
+		v.bad("%s.session %q: %v", where, s.Name, err)
+	}
+	v.needV2(where, []string{"session"})
 }
 
 // needV2 refuses version 2 fields in a file that does not say version: 2,

@@ -38,7 +38,9 @@ func Start(ns *NS, logPath, bin string, args ...string) (*Process, error) {
 }
 
 // Stop ends the process it started (by PID: SIGTERM, then SIGKILL after
-// the grace period) and waits for it.
+// the grace period) and waits for it. A process that outlives the grace
+// period gets SIGQUIT first, so that a Go program (the agent) writes
+// every goroutine's stack to its log: what it was stuck in.
 func (p *Process) Stop(grace time.Duration) error {
 	if ended, _ := p.Exited(); ended {
 		return nil
@@ -49,10 +51,15 @@ func (p *Process) Stop(grace time.Duration) error {
 		p.done <- err
 		return nil
 	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		err := <-p.done
-		p.done <- err
-		return fmt.Errorf("%s did not stop within %v; killed", p.cmd.Path, grace)
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		p.done <- nil
+		return fmt.Errorf("%s did not stop within %v; stopped with SIGQUIT (a Go program's goroutines are in %s)", p.cmd.Path, grace, p.Log)
 	}
 }
 

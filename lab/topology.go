@@ -356,34 +356,9 @@ func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int)
 	}
 	l.topo.Lock()
 	defer l.topo.Unlock()
-	dev := ""
-	for i := 1; dev == ""; i++ {
-		if _, err := router.nl.LinkByName(fmt.Sprintf("down%d", i)); err != nil {
-			dev = fmt.Sprintf("down%d", i)
-		}
-	}
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: dev, MTU: mtu},
-		PeerName:      "eth0",
-		PeerNamespace: netlink.NsFd(int(ns.Handle)),
-	}
-	if mtu > 0 {
-		veth.PeerMTU = uint32(mtu)
-	}
-	if err := router.nl.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("%s: add veth %s/eth0@%s: %w", router.Name, dev, ns.Name, err)
-	}
-	for _, end := range []struct {
-		ns  *NS
-		dev string
-	}{{router, dev}, {ns, "eth0"}} {
-		link, err := end.ns.nl.LinkByName(end.dev)
-		if err == nil {
-			err = end.ns.nl.LinkSetUp(link)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s up: %w", end.ns.Name, end.dev, err)
-		}
+	dev, err := router.linkDown(ns, mtu)
+	if err != nil {
+		return nil, err
 	}
 	fwd := []string{"net/ipv4/ip_forward", "1", "net/ipv4/conf/all/rp_filter", "0", "net/ipv4/conf/" + dev + "/rp_filter", "0"}
 	if hasIPv6 {
@@ -415,8 +390,49 @@ func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int)
 	if err := router.AddRoute(host, netip.Addr{}, dev); err != nil {
 		return nil, err
 	}
-	// Up the chain: each router reaches addr via the hop below it.
-	for hop := router; ; hop = hop.router {
+	return ns, router.routeUpTheChain(host)
+}
+
+// linkDown adds the veth from n (the first free "downN") to ns's
+// eth0, mtu (0: the default) at both ends, and sets both up.
+func (n *NS) linkDown(ns *NS, mtu int) (string, error) {
+	dev := ""
+	for i := 1; dev == ""; i++ {
+		if _, err := n.nl.LinkByName(fmt.Sprintf("down%d", i)); err != nil {
+			dev = fmt.Sprintf("down%d", i)
+		}
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: dev, MTU: mtu},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns.Handle)),
+	}
+	if mtu > 0 {
+		veth.PeerMTU = uint32(mtu)
+	}
+	if err := n.nl.LinkAdd(veth); err != nil {
+		return "", fmt.Errorf("%s: add veth %s/eth0@%s: %w", n.Name, dev, ns.Name, err)
+	}
+	for _, end := range []struct {
+		ns  *NS
+		dev string
+	}{{n, dev}, {ns, "eth0"}} {
+		link, err := end.ns.nl.LinkByName(end.dev)
+		if err == nil {
+			err = end.ns.nl.LinkSetUp(link)
+		}
+		if err != nil {
+			return "", fmt.Errorf("%s: %s up: %w", end.ns.Name, end.dev, err)
+		}
+	}
+	return dev, nil
+}
+
+// routeUpTheChain routes host, a client below n, at every hop above n
+// up to the node: each reaches it via the hop below.
+func (n *NS) routeUpTheChain(host netip.Prefix) error {
+	addr := host.Addr()
+	for hop := n; ; hop = hop.router {
 		var via netip.Addr
 		for _, a := range hop.Addrs {
 			if a.Is6() == addr.Is6() {
@@ -425,13 +441,13 @@ func (l *Lab) AddClientBehind(router *NS, name string, addr netip.Addr, mtu int)
 			}
 		}
 		if !via.IsValid() {
-			return nil, fmt.Errorf("lab: %s has no address of %s's family", hop.Name, addr)
+			return fmt.Errorf("lab: %s has no address of %s's family", hop.Name, addr)
 		}
 		if hop.router == nil {
-			return ns, hop.Node.AddRoute(host, via, hop.NodeIface)
+			return hop.Node.AddRoute(host, via, hop.NodeIface)
 		}
 		if err := hop.router.AddRoute(host, via, hop.routerDev); err != nil {
-			return nil, err
+			return err
 		}
 	}
 }

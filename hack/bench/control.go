@@ -214,13 +214,23 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	if err != nil {
 		return res, err
 	}
+	slicesByIdx, err := res.initialSync(ctx, tracker, dp, n, memprofile)
+	if err != nil || changes == 0 {
+		return res, err
+	}
+	return res, res.applyChanges(ctx, tracker, dp, objs, slicesByIdx, changes)
+}
+
+// initialSync measures what an informer's initial list costs: every
+// object through the handlers, then one Build and one Sync; and the
+// memory held after it. It returns the EndpointSlices, by Service.
+func (res *controlResult) initialSync(ctx context.Context, tracker *controller.Tracker, dp *reconcile.Datapath, n int, memprofile string) ([]*controller.Slice, error) {
+	var err error
 	base := liveHeap()
 	svcs, slicesByIdx := controlObjects(n)
 	res.ObjectsHeap = liveHeap() - base
 	debug.FreeOSMemory()
 
-	// As an informer's initial list would: every object through the
-	// handlers, then one Build and one Sync.
 	start, cpu0 := time.Now(), processCPU()
 	for i := range n {
 		tracker.OnServiceAdd(svcs[i])
@@ -231,38 +241,41 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 	s := tracker.Build()
 	res.Build = time.Since(start)
 	if len(s.Problems) > 0 {
-		return res, fmt.Errorf("tracker problems: %v", s.Problems[:min(3, len(s.Problems))])
+		return nil, fmt.Errorf("tracker problems: %v", s.Problems[:min(3, len(s.Problems))])
 	}
 	if len(s.State.Services) != n {
-		return res, fmt.Errorf("tracker built %d service ports, want %d", len(s.State.Services), n)
+		return nil, fmt.Errorf("tracker built %d service ports, want %d", len(s.State.Services), n)
 	}
 	start, cpu1 := time.Now(), processCPU()
 	if err := dp.Sync(ctx, s.State); err != nil {
-		return res, fmt.Errorf("sync: %w", err)
+		return nil, fmt.Errorf("sync: %w", err)
 	}
 	res.Sync = time.Since(start)
 	res.SyncCPU, res.CPU = processCPU()-cpu1, processCPU()-cpu0
 	if p := dp.Problems(); len(p) > 0 {
-		return res, fmt.Errorf("sync problems: %v", p)
+		return nil, fmt.Errorf("sync problems: %v", p)
 	}
 	// As the agent does after a full sync (agent/sync.go).
 	debug.FreeOSMemory()
 	if res.RSS, err = procStatus("VmRSS"); err != nil {
-		return res, err
+		return nil, err
 	}
 	res.Heap = liveHeap()
 	if res.HWM, err = procStatus("VmHWM"); err != nil {
-		return res, err
+		return nil, err
 	}
 	if memprofile != "" {
 		if err := writeHeapProfile(memprofile); err != nil {
-			return res, err
+			return nil, err
 		}
 	}
-	if changes == 0 {
-		return res, nil
-	}
+	return slicesByIdx, nil
+}
 
+// applyChanges measures changes updates of one Service's endpoints
+// through the agent's loop, each until the maps show it.
+func (res *controlResult) applyChanges(ctx context.Context, tracker *controller.Tracker, dp *reconcile.Datapath, objs *loader.Objects, slicesByIdx []*controller.Slice, changes int) error {
+	n := len(slicesByIdx)
 	// The agent's loop: a bounded-frequency runner around Build + Sync.
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -313,7 +326,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 		tracker.OnSliceUpdate(old, next)
 		r.Run()
 		if err := waitCount(objs.XvsServices, vipOf(idx), want, syncErr); err != nil {
-			return res, fmt.Errorf("change %d: %w", i, err)
+			return fmt.Errorf("change %d: %w", i, err)
 		}
 		res.Changes = append(res.Changes, time.Since(start))
 		// The runner's rate limit counts from the end of its last run:
@@ -321,7 +334,7 @@ func runControl(ctx context.Context, n, changes int, memprofile string) (res con
 		// waits for it.
 		time.Sleep(controlMinSync + 10*time.Millisecond)
 	}
-	return res, nil
+	return nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -66,8 +66,30 @@ func run(out, tag, rootfs string, adds, envs []string, entry, cmd string) error 
 	if err != nil {
 		return err
 	}
+	cfgJSON, err := imageConfig(diffID, envs, entry, cmd)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(out + ".tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(out + ".tmp")
+	err = writeArchive(f, tag, diffID, layerPath, cfgJSON)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(out+".tmp", out)
+}
+
+// imageConfig is the image's configuration JSON: one layer, the
+// environment, entrypoint and command, fixed timestamps.
+func imageConfig(diffID string, envs []string, entry, cmd string) ([]byte, error) {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, envs...)
-	cfg := map[string]any{
+	return json.Marshal(map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
 		"created":      epoch.Format(time.RFC3339),
@@ -78,11 +100,13 @@ func run(out, tag, rootfs string, adds, envs []string, entry, cmd string) error 
 		},
 		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + diffID}},
 		"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "xvs hack/image"}},
-	}
-	cfgJSON, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
+	})
+}
+
+// writeArchive writes a `docker save` archive (what `ctr images import`
+// reads) to w: the layer, the configuration, manifest.json and
+// repositories, tagged tag.
+func writeArchive(w io.Writer, tag, diffID, layerPath string, cfgJSON []byte) error {
 	sum := sha256.Sum256(cfgJSON)
 	cfgName := hex.EncodeToString(sum[:]) + ".json"
 	manifest, _ := json.Marshal([]map[string]any{{
@@ -90,20 +114,10 @@ func run(out, tag, rootfs string, adds, envs []string, entry, cmd string) error 
 		"RepoTags": []string{tag},
 		"Layers":   []string{diffID + "/layer.tar"},
 	}})
+	i := strings.LastIndex(tag, ":")
+	repos, _ := json.Marshal(map[string]map[string]string{tag[:i]: {tag[i+1:]: diffID}})
 
-	f, err := os.Create(out + ".tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(out + ".tmp")
-	tw := tar.NewWriter(f)
-	addBytes := func(name string, b []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
-			return err
-		}
-		_, err := tw.Write(b)
-		return err
-	}
+	tw := tar.NewWriter(w)
 	if err := tw.WriteHeader(&tar.Header{Name: diffID + "/", Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir}); err != nil {
 		return err
 	}
@@ -111,32 +125,29 @@ func run(out, tag, rootfs string, adds, envs []string, entry, cmd string) error 
 	if err != nil {
 		return err
 	}
-	st, _ := lf.Stat()
+	defer lf.Close()
+	st, err := lf.Stat()
+	if err != nil {
+		return err
+	}
 	if err := tw.WriteHeader(&tar.Header{Name: diffID + "/layer.tar", Mode: 0o644, Size: st.Size(), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
 		return err
 	}
 	if _, err := io.Copy(tw, lf); err != nil {
 		return err
 	}
-	lf.Close()
-	if err := addBytes(cfgName, cfgJSON); err != nil {
-		return err
+	for _, file := range []struct {
+		name string
+		b    []byte
+	}{{cfgName, cfgJSON}, {"manifest.json", manifest}, {"repositories", repos}} {
+		if err := tw.WriteHeader(&tar.Header{Name: file.name, Mode: 0o644, Size: int64(len(file.b)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(file.b); err != nil {
+			return err
+		}
 	}
-	if err := addBytes("manifest.json", manifest); err != nil {
-		return err
-	}
-	i := strings.LastIndex(tag, ":")
-	repos, _ := json.Marshal(map[string]map[string]string{tag[:i]: {tag[i+1:]: diffID}})
-	if err := addBytes("repositories", repos); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(out+".tmp", out)
+	return tw.Close()
 }
 
 func split(s string) []string {
