@@ -44,19 +44,22 @@ func TestPrivConntrackResizeLive(t *testing.T) {
 				}
 			}
 			for _, size := range []int{131072, 65536} {
-				if err := w.Agent.Stop(5 * time.Second); err != nil {
+				// A TCG guest can take seconds to stop an agent.
+				if err := w.Agent.Stop(20 * time.Second); err != nil {
 					t.Fatal(err)
 				}
 				if err := w.StartAgent(append([]string{"--bpf-conntrack-size", strconv.Itoa(size)}, tc.args...)...); err != nil {
 					t.Fatal(err)
 				}
 				// The old agent's maps are programmed already: wait for
-				// the new one's word that it resized, then for its sync.
+				// the new one's word that it resized and that its programs
+				// are attached (it runs), then for its sync.
 				resized := regexp.MustCompile(`Conntrack table resized [^\n]*table="?xvs_conntrack"? [^\n]*to=` + strconv.Itoa(size) + ` `)
+				running := regexp.MustCompile(`xvs agent running`)
 				var log []byte
-				for deadline := time.Now().Add(60 * time.Second); !resized.Match(log); time.Sleep(100 * time.Millisecond) {
+				for deadline := time.Now().Add(90 * time.Second); !resized.Match(log) || !running.Match(log); time.Sleep(100 * time.Millisecond) {
 					if time.Now().After(deadline) {
-						t.Fatalf("the agent did not resize to %d:\n%s", size, log)
+						t.Fatalf("the agent did not resize to %d and run:\n%s", size, log)
 					}
 					log, _ = os.ReadFile(w.Agent.Log)
 				}
