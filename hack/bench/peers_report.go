@@ -163,82 +163,98 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 	fmt.Fprintf(&b, "## Summary\n\n")
 	fmt.Fprintf(&b, "Every ratio is the median over %d rounds of same-round ratios (each round runs every case once, back to back); costs are inverted, so above 1.00x means xvs is ahead. This run took %v.\n\n", o.Rounds, m.Took.Round(time.Second))
 	fmt.Fprintf(&b, "| Goal | Measured | Met | Command |\n|---|---|---|---|\n")
-	{
-		for _, g := range peerGoals(o) {
-			var parts []string
-			met, any := true, false
-			for _, r := range rs {
-				a, bc := r.Cells[g.a], r.Cells[g.b]
-				v := peerRatio(a, bc, g.f, g.cost)
-				if v == 0 {
-					parts = append(parts, fmt.Sprintf("%d: –", r.N))
-					met = false
-					continue
-				}
-				any = true
-				parts = append(parts, fmt.Sprintf("%d: %.2fx", r.N, v))
-				met = met && v >= g.min
-			}
-			verdict := yesNo(met && any)
-			if !any {
-				verdict = "not measured"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | `make bench-peers` |\n", g.name, strings.Join(parts, ", "), verdict)
-		}
-	}
+	writePeerGoals(&b, o, rs)
 	fmt.Fprintln(&b)
 	fmt.Fprintf(&b, "A dash is a size where one side was not measured; sizes with fewer rounds are listed below, with why. Ratios are judged without a noise allowance: one within a few percent of its threshold is a tie rather than a clear result.\n\n")
 	writePeerFailures(&b, o, rs)
 
+	writePeersMachine(&b, o, info, m)
+	fmt.Fprintln(&b)
+	writePeersMethod(&b, o)
+
+	writePeerResults(&b, o, rs, plots)
+	writePeersNotes(&b)
+	return b.Bytes()
+}
+
+// writePeerGoals writes the summary's table: each goal's ratio at every
+// size and whether it was met.
+func writePeerGoals(b *bytes.Buffer, o PeersOptions, rs []peerResult) {
+	for _, g := range peerGoals(o) {
+		var parts []string
+		met, any := true, false
+		for _, r := range rs {
+			a, bc := r.Cells[g.a], r.Cells[g.b]
+			v := peerRatio(a, bc, g.f, g.cost)
+			if v == 0 {
+				parts = append(parts, fmt.Sprintf("%d: –", r.N))
+				met = false
+				continue
+			}
+			any = true
+			parts = append(parts, fmt.Sprintf("%d: %.2fx", r.N, v))
+			met = met && v >= g.min
+		}
+		verdict := yesNo(met && any)
+		if !any {
+			verdict = "not measured"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | `make bench-peers` |\n", g.name, strings.Join(parts, ", "), verdict)
+	}
+}
+
+// writePeersMachine writes the machine and the run's parameters.
+func writePeersMachine(b *bytes.Buffer, o PeersOptions, info *peersWorldInfo, m peersMachine) {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
-	fmt.Fprintf(&b, "## Machine and run\n\n")
-	fmt.Fprintf(&b, "- Kernel: `%s %s %s` (%s)\n", unix.ByteSliceToString(u.Sysname[:]), unix.ByteSliceToString(u.Release[:]),
+	fmt.Fprintf(b, "## Machine and run\n\n")
+	fmt.Fprintf(b, "- Kernel: `%s %s %s` (%s)\n", unix.ByteSliceToString(u.Sysname[:]), unix.ByteSliceToString(u.Release[:]),
 		unix.ByteSliceToString(u.Machine[:]), unix.ByteSliceToString(u.Version[:]))
-	fmt.Fprintf(&b, "- CPU: %s, %d cores available\n", cpuModel(), runtime.NumCPU())
-	fmt.Fprintf(&b, "- Date: %s; duration %v\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), m.Took.Round(time.Second))
-	fmt.Fprintf(&b, "- Load average (1, 5, 15 min; the machine is shared with other sessions): %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)
-	fmt.Fprintf(&b, "- kube-proxy: `%s`, built from the k8s.io/kubernetes module by `make kube-proxy` (test/kubeproxy); xvs: `%s`; nft: `%s`; iptables: `%s`\n", m.KubeProxy, m.Xvs, m.Nft, m.Iptables)
-	fmt.Fprintf(&b, "- Command: `%s` (sizes %s, %d rounds, %d workers, masqueraded windows %v, unmasqueraded and floor windows %v, %v warm-up each)\n",
+	fmt.Fprintf(b, "- CPU: %s, %d cores available\n", cpuModel(), runtime.NumCPU())
+	fmt.Fprintf(b, "- Date: %s; duration %v\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), m.Took.Round(time.Second))
+	fmt.Fprintf(b, "- Load average (1, 5, 15 min; the machine is shared with other sessions): %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)
+	fmt.Fprintf(b, "- kube-proxy: `%s`, built from the k8s.io/kubernetes module by `make kube-proxy` (test/kubeproxy); xvs: `%s`; nft: `%s`; iptables: `%s`\n", m.KubeProxy, m.Xvs, m.Nft, m.Iptables)
+	fmt.Fprintf(b, "- Command: `%s` (sizes %s, %d rounds, %d workers, masqueraded windows %v, unmasqueraded and floor windows %v, %v warm-up each)\n",
 		o.Command, joinInts(o.Sizes), o.Rounds, o.Workers, o.Window, o.WindowUnmasq, o.Warmup)
 	if info != nil {
 		var cs []string
 		for _, c := range info.Created {
 			cs = append(cs, fmt.Sprintf("%d in %v", c.N, c.Took.Round(time.Millisecond)))
 		}
-		fmt.Fprintf(&b, "- Services written to the API server before each size (cumulative): %s\n", strings.Join(cs, ", "))
+		fmt.Fprintf(b, "- Services written to the API server before each size (cumulative): %s\n", strings.Join(cs, ", "))
 		if info.HostRulesUnchanged {
-			fmt.Fprintf(&b, "- The host namespace's `nft list ruleset` was the same at the end of the run as at its start.\n")
+			fmt.Fprintf(b, "- The host namespace's `nft list ruleset` was the same at the end of the run as at its start.\n")
 		} else {
-			fmt.Fprintf(&b, "- The host namespace's `nft list ruleset` differed at the end of the run from its start (the machine is shared: another session may have changed it; the proxies ran in the node namespace only).\n")
+			fmt.Fprintf(b, "- The host namespace's `nft list ruleset` differed at the end of the run from its start (the machine is shared: another session may have changed it; the proxies ran in the node namespace only).\n")
 		}
 	}
-	fmt.Fprintln(&b)
-	writePeersMethod(&b, o)
+}
 
-	fmt.Fprintf(&b, "## Results\n\n")
+// writePeerResults writes the measurements, one table (and plot) each.
+func writePeerResults(b *bytes.Buffer, o PeersOptions, rs []peerResult, plots map[string]string) {
+	fmt.Fprintf(b, "## Results\n\n")
 	if p := plots["cps"]; p != "" {
-		fmt.Fprintf(&b, "![new connections per second against the number of Services](%s)\n\n", p)
+		fmt.Fprintf(b, "![new connections per second against the number of Services](%s)\n\n", p)
 	}
 	cases := o.cases()
-	writePeerTable(&b, "New TCP connections per second", "Median conn/s over the rounds.", rs, cases, func(c *peerCell) string {
+	writePeerTable(b, "New TCP connections per second", "Median conn/s over the rounds.", rs, cases, func(c *peerCell) string {
 		return fmtNum(peerMedian(c, peerCPS), "%.0f")
 	})
-	writePeerRatioTable(&b, o, rs)
+	writePeerRatioTable(b, o, rs)
 	if p := plots["cpu"]; p != "" {
-		fmt.Fprintf(&b, "![CPU per connection against the number of Services](%s)\n\n", p)
+		fmt.Fprintf(b, "![CPU per connection against the number of Services](%s)\n\n", p)
 	}
-	writePeerTable(&b, "CPU per connection (µs)", "Median over the rounds of (benchmark process + proxy process + ksoftirqd CPU time) / connections, in the window; in brackets the proxy process's own share.", rs, cases, func(c *peerCell) string {
+	writePeerTable(b, "CPU per connection (µs)", "Median over the rounds of (benchmark process + proxy process + ksoftirqd CPU time) / connections, in the window; in brackets the proxy process's own share.", rs, cases, func(c *peerCell) string {
 		v := peerMedian(c, peerCPU)
 		if v == 0 {
 			return "–"
 		}
 		return fmt.Sprintf("%.1f (%.2f)", v/1e3, peerMedian(c, peerProxyCPU)/1e3)
 	})
-	writePeerTable(&b, "connect() time, p99 (µs)", "Median over the rounds of each window's p99 connect() time (SYN to SYN-ACK through the node, under full load on two shared cores).", rs, cases, func(c *peerCell) string {
+	writePeerTable(b, "connect() time, p99 (µs)", "Median over the rounds of each window's p99 connect() time (SYN to SYN-ACK through the node, under full load on two shared cores).", rs, cases, func(c *peerCell) string {
 		return fmtUS(peerMedian(c, peerP99))
 	})
-	writePeerTable(&b, "Failed connections", "Connects, sends or receives that failed or timed out (2 s), summed over the rounds' windows.", rs, cases, func(c *peerCell) string {
+	writePeerTable(b, "Failed connections", "Connects, sends or receives that failed or timed out (2 s), summed over the rounds' windows.", rs, cases, func(c *peerCell) string {
 		if c == nil || len(c.Runs) == 0 {
 			return "–"
 		}
@@ -254,7 +270,7 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 			xcases = append(xcases, c)
 		}
 	}
-	writePeerTable(&b, "xvs's drop verdicts", "Nonzero drop verdict counters (packets) of the agent at the end of each window, from its start, summed over the rounds (`xvs list --stats`).", rs, xcases, func(c *peerCell) string {
+	writePeerTable(b, "xvs's drop verdicts", "Nonzero drop verdict counters (packets) of the agent at the end of each window, from its start, summed over the rounds (`xvs list --stats`).", rs, xcases, func(c *peerCell) string {
 		if c == nil || len(c.Runs) == 0 {
 			return "–"
 		}
@@ -273,15 +289,13 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 		}
 		return strings.Join(parts, ", ")
 	})
-	writePeerTable(&b, "Time to serve N Services from the API server", "Median over the rounds, from the process's start to the first and the last Service answering through it: its informers' list, its first full sync and the kernel's programming.", rs, cases, func(c *peerCell) string {
+	writePeerTable(b, "Time to serve N Services from the API server", "Median over the rounds, from the process's start to the first and the last Service answering through it: its informers' list, its first full sync and the kernel's programming.", rs, cases, func(c *peerCell) string {
 		v := peerMedian(c, peerReady)
 		if v == 0 {
 			return "–"
 		}
 		return time.Duration(v).Round(time.Millisecond).String()
 	})
-	writePeersNotes(&b)
-	return b.Bytes()
 }
 
 func fmtNum(v float64, f string) string {
