@@ -93,54 +93,12 @@ func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentRe
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	// The API server gives its own `kubernetes` Service the first address
-	// of the range, vipOf(0): there the benchmark's start one later, and
-	// the agent serves that one too.
-	first, want := 0, n
-	if source == "api" {
-		first, want = 1, n+1
+	svcs, want := agentServices(n, source)
+	sourceArgs, closeSource, err := agentSource(ctx, source, dir, node, svcs, &res)
+	if err != nil {
+		return res, err
 	}
-	svcs := trafficServices(n)
-	for i := range svcs {
-		svcs[i].VIP = vipOf(first + i)
-		svcs[i].Endpoints = make([]netip.AddrPort, backendsPerService)
-		for j := range backendsPerService {
-			svcs[i].Endpoints[j] = netip.AddrPortFrom(addAddr(backendBase, 1+i*backendsPerService+j), trafficPodPort)
-		}
-	}
-	var sourceArgs []string
-	switch source {
-	case "file":
-		objects := filepath.Join(dir, "objects")
-		if err := os.Mkdir(objects, 0o755); err != nil {
-			return res, err
-		}
-		if err := writeManifests(objects, svcs); err != nil {
-			return res, err
-		}
-		sourceArgs = []string{"--objects", objects}
-	case "api":
-		srv, serr := kubeapi.Start(ctx, kubeapi.Options{ServiceCIDRs: agentServiceCIDR})
-		if serr != nil {
-			return res, fmt.Errorf("kube-apiserver: %w", serr)
-		}
-		defer func() { err = errors.Join(err, srv.Close()) }()
-		// The agent lives in the node namespace, the server on the
-		// host's loopback.
-		ln, ferr := lab.ForwardInto(node.NS, net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)))
-		if ferr != nil {
-			return res, ferr
-		}
-		defer ln.Close()
-		start := time.Now()
-		if err := createObjects(ctx, srv.Config, svcs); err != nil {
-			return res, fmt.Errorf("create objects: %w (server log: %s)", err, srv.LogTail(2048))
-		}
-		res.Created = time.Since(start)
-		sourceArgs = []string{"--kubeconfig", srv.Kubeconfig}
-	default:
-		return res, fmt.Errorf("unknown source %q", source)
-	}
+	defer func() { err = errors.Join(err, closeSource()) }()
 	pin := filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-agent", os.Getpid()))
 	args := append([]string{"agent", "--hostname-override", "node", "--node-ip", trafficNodeIP.String(), "--pin-path", pin},
 		append(sourceArgs, agentMapFlags(n)...)...)
@@ -180,6 +138,65 @@ func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentRe
 	}
 	res.HWM, err = statusField(status, "VmHWM")
 	return res, err
+}
+
+// agentServices are the benchmark's n Services with their endpoints, and
+// how many Services the agent is to serve. The API server gives its own
+// `kubernetes` Service the first address of the range, vipOf(0): there
+// the benchmark's start one later, and the agent serves that one too.
+func agentServices(n int, source string) ([]ruleService, int) {
+	first, want := 0, n
+	if source == "api" {
+		first, want = 1, n+1
+	}
+	svcs := trafficServices(n)
+	for i := range svcs {
+		svcs[i].VIP = vipOf(first + i)
+		svcs[i].Endpoints = make([]netip.AddrPort, backendsPerService)
+		for j := range backendsPerService {
+			svcs[i].Endpoints[j] = netip.AddrPortFrom(addAddr(backendBase, 1+i*backendsPerService+j), trafficPodPort)
+		}
+	}
+	return svcs, want
+}
+
+// agentSource puts svcs where the agent's source reads them: manifests in
+// dir ("file"), or a real API server ("api", its time to create them in
+// res.Created). It returns the agent's flags for that source and what
+// ends it.
+func agentSource(ctx context.Context, source, dir string, node *lab.Node, svcs []ruleService, res *agentResult) ([]string, func() error, error) {
+	none := func() error { return nil }
+	switch source {
+	case "file":
+		objects := filepath.Join(dir, "objects")
+		if err := os.Mkdir(objects, 0o755); err != nil {
+			return nil, none, err
+		}
+		if err := writeManifests(objects, svcs); err != nil {
+			return nil, none, err
+		}
+		return []string{"--objects", objects}, none, nil
+	case "api":
+		srv, err := kubeapi.Start(ctx, kubeapi.Options{ServiceCIDRs: agentServiceCIDR})
+		if err != nil {
+			return nil, none, fmt.Errorf("kube-apiserver: %w", err)
+		}
+		// The agent lives in the node namespace, the server on the
+		// host's loopback.
+		ln, err := lab.ForwardInto(node.NS, net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)))
+		if err != nil {
+			return nil, none, errors.Join(err, srv.Close())
+		}
+		closeAll := func() error { ln.Close(); return srv.Close() }
+		start := time.Now()
+		if err := createObjects(ctx, srv.Config, svcs); err != nil {
+			err = fmt.Errorf("create objects: %w (server log: %s)", err, srv.LogTail(2048))
+			return nil, none, errors.Join(err, closeAll())
+		}
+		res.Created = time.Since(start)
+		return []string{"--kubeconfig", srv.Kubeconfig}, closeAll, nil
+	}
+	return nil, none, fmt.Errorf("unknown source %q", source)
 }
 
 // createObjects writes the Namespace, the Node (with its InternalIP) and

@@ -163,37 +163,33 @@ func Run(ctx context.Context, opts Options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the benchmark loads BPF programs and needs root (CAP_BPF, CAP_NET_ADMIN): run it as root")
 	}
-	began, load := time.Now(), loadAvg()
+	m := &measured{began: time.Now()}
+	opts.loadAtStart = loadAvg()
 	sizes := slices.Compact(slices.Sorted(slices.Values(opts.Sizes)))
-	cfg := benchConfig(sizes[len(sizes)-1], opts.Samples)
-	var results []sizeResult
+	m.cfg = benchConfig(sizes[len(sizes)-1], opts.Samples)
 	for _, n := range sizes {
 		logf(opts.Log, "%d services x %d backends: loading and syncing", n, backendsPerService)
-		r, err := measureSize(ctx, cfg, n, opts)
+		r, err := measureSize(ctx, m.cfg, n, opts)
 		if err != nil {
 			return fmt.Errorf("%d services: %w", n, err)
 		}
-		results = append(results, r)
+		m.results = append(m.results, r)
 	}
+	var err error
 	logf(opts.Log, "schedulers: loading and measuring")
-	sched, err := measureSchedulers(ctx, opts)
-	if err != nil {
+	if m.sched, err = measureSchedulers(ctx, opts); err != nil {
 		return fmt.Errorf("schedulers: %w", err)
 	}
 	logf(opts.Log, "xdp: loading and measuring")
-	xdp, err := measureXDP(ctx, opts)
-	if err != nil {
+	if m.xdp, err = measureXDP(ctx, opts); err != nil {
 		return fmt.Errorf("xdp: %w", err)
 	}
-	traffic, err := measureTraffic(ctx, opts)
-	if err != nil {
+	if m.traffic, err = measureTraffic(ctx, opts); err != nil {
 		return fmt.Errorf("traffic: %w", err)
 	}
-	control, err := measureControl(ctx, opts)
-	if err != nil {
+	if m.control, err = measureControl(ctx, opts); err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
-	var agent []agentResult
 	if len(opts.Control.Sizes)+len(opts.Control.APISizes) > 0 {
 		dir, err := os.MkdirTemp("", "xvs-bench-bin-")
 		if err != nil {
@@ -204,38 +200,54 @@ func Run(ctx context.Context, opts Options) error {
 		if err != nil {
 			return err
 		}
-		if agent, err = measureAgentProcess(ctx, opts, bin); err != nil {
+		if m.agent, err = measureAgentProcess(ctx, opts, bin); err != nil {
 			return fmt.Errorf("control plane, agent process: %w", err)
 		}
 	}
-	vm, err := measureVM(ctx, opts)
-	if err != nil {
+	if m.vm, err = measureVM(ctx, opts); err != nil {
 		return fmt.Errorf("vm: %w", err)
 	}
+	return m.write(opts)
+}
+
+// measured is what a Run measured, for its report.
+type measured struct {
+	began   time.Time
+	cfg     loader.Config
+	results []sizeResult
+	sched   schedBench
+	xdp     []xdpResult
+	traffic []trafficResult
+	control []controlResult
+	agent   []agentResult
+	vm      *vmResult
+}
+
+// write writes the report to opts.Out and its plots beside it.
+func (m *measured) write(opts Options) error {
 	if err := os.MkdirAll(filepath.Dir(opts.Out), 0o755); err != nil {
 		return err
 	}
 	base := strings.TrimSuffix(opts.Out, filepath.Ext(opts.Out))
 	png := base + ".png"
-	if err := writePlot(png, results); err != nil {
+	if err := writePlot(png, m.results); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	plots, err := writeTrafficPlots(base, traffic)
+	plots, err := writeTrafficPlots(base, m.traffic)
 	if err != nil {
 		return fmt.Errorf("traffic plots: %w", err)
 	}
-	if p, err := writeControlPlot(base, control); err != nil {
+	if p, err := writeControlPlot(base, m.control); err != nil {
 		return fmt.Errorf("control-plane plot: %w", err)
 	} else if p != "" {
 		plots["control"] = p
 	}
-	opts.loadAtStart = load
 	var summary bytes.Buffer
-	writeSummary(&summary, results, traffic, control, agent, vm, time.Since(began))
-	r := report(opts, cfg, results, sched, xdp, filepath.Base(png), summary.Bytes())
-	r = append(r, trafficReport(opts, traffic, plots)...)
-	r = append(r, controlReport(opts, control, agent, plots)...)
-	if vm != nil {
+	writeSummary(&summary, m.results, m.traffic, m.control, m.agent, m.vm, time.Since(m.began))
+	r := report(opts, m.cfg, m.results, m.sched, m.xdp, filepath.Base(png), summary.Bytes())
+	r = append(r, trafficReport(opts, m.traffic, plots)...)
+	r = append(r, controlReport(opts, m.control, m.agent, plots)...)
+	if vm := m.vm; vm != nil {
 		p := base + "-vm.png"
 		if err := linePlot(p, "VM (emulated): new TCP connections per second", "connections / s", vm.Results[0].N, vm.Results[len(vm.Results)-1].N,
 			perDatapath(vm.Results, cps, 1, "")); err != nil {
@@ -243,7 +255,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		plots["vm"] = filepath.Base(p)
 	}
-	r = append(r, vmReport(opts, vm, plots)...)
+	r = append(r, vmReport(opts, m.vm, plots)...)
 	r = append(r, reproduce()...)
 	return os.WriteFile(opts.Out, r, 0o644)
 }

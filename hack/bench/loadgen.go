@@ -103,73 +103,13 @@ func runLoadMarked(ctx context.Context, client netns.NsHandle, mode loadMode, ta
 		return loadResult{}, errors.New("load: no targets or workers")
 	}
 	var phase atomic.Int32 // 0 warm-up, 1 measuring, 2 stop
-	type workerOut struct {
-		done, errs int
-		lats       []time.Duration
-		firstErr   error
-		setupErr   error
-	}
-	outs := make([]workerOut, workers)
+	outs := make([]loadWorker, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The thread joins the client namespace and is never returned
-			// to the pool: it ends with the goroutine.
-			runtime.LockOSThread()
-			o := &outs[w]
-			if err := netns.Set(client); err != nil {
-				o.setupErr = err
-				return
-			}
-			o.lats = make([]time.Duration, 0, 1<<14)
-			var conn int = -1
-			defer func() {
-				if conn >= 0 {
-					unix.Close(conn)
-				}
-			}()
-			buf := make([]byte, 64)
-			req := make([]byte, reqSize)
-			for k := 0; ; k++ {
-				p := phase.Load()
-				if p == 2 {
-					return
-				}
-				t := targets[(w+k*workers)%len(targets)]
-				var lat time.Duration
-				var err error
-				switch mode {
-				case modeCPS:
-					lat, err = oneConnection(t, req, buf)
-				case modeRR:
-					if conn < 0 {
-						if conn, _, err = dialRaw(t); err != nil {
-							conn = -1
-							break
-						}
-					}
-					start := time.Now()
-					if err = roundTrip(conn, req, buf); err != nil {
-						unix.Close(conn)
-						conn = -1
-					}
-					lat = time.Since(start)
-				}
-				if p != 1 {
-					continue
-				}
-				if err != nil {
-					o.errs++
-					if o.firstErr == nil {
-						o.firstErr = fmt.Errorf("%s: %w", t, err)
-					}
-					continue
-				}
-				o.done++
-				o.lats = append(o.lats, lat)
-			}
+			outs[w].run(client, mode, targets, w, workers, &phase)
 		}()
 	}
 	timer := func(d time.Duration) error {
@@ -209,6 +149,74 @@ func runLoadMarked(ctx context.Context, client netns.NsHandle, mode loadMode, ta
 	slices.Sort(lats)
 	res.P50, res.P99 = percentile(lats, 0.50), percentile(lats, 0.99)
 	return res, nil
+}
+
+// loadWorker is one worker's count of a load run.
+type loadWorker struct {
+	done, errs int
+	lats       []time.Duration
+	firstErr   error
+	setupErr   error
+}
+
+// run connects (modeCPS) or sends requests on one connection (modeRR) to
+// targets, in turn from the w-th of workers, until phase says stop;
+// it counts only while phase says measuring.
+func (o *loadWorker) run(client netns.NsHandle, mode loadMode, targets []netip.AddrPort, w, workers int, phase *atomic.Int32) {
+	// The thread joins the client namespace and is never returned
+	// to the pool: it ends with the goroutine.
+	runtime.LockOSThread()
+	if err := netns.Set(client); err != nil {
+		o.setupErr = err
+		return
+	}
+	o.lats = make([]time.Duration, 0, 1<<14)
+	var conn int = -1
+	defer func() {
+		if conn >= 0 {
+			unix.Close(conn)
+		}
+	}()
+	buf := make([]byte, 64)
+	req := make([]byte, reqSize)
+	for k := 0; ; k++ {
+		p := phase.Load()
+		if p == 2 {
+			return
+		}
+		t := targets[(w+k*workers)%len(targets)]
+		var lat time.Duration
+		var err error
+		switch mode {
+		case modeCPS:
+			lat, err = oneConnection(t, req, buf)
+		case modeRR:
+			if conn < 0 {
+				if conn, _, err = dialRaw(t); err != nil {
+					conn = -1
+					break
+				}
+			}
+			start := time.Now()
+			if err = roundTrip(conn, req, buf); err != nil {
+				unix.Close(conn)
+				conn = -1
+			}
+			lat = time.Since(start)
+		}
+		if p != 1 {
+			continue
+		}
+		if err != nil {
+			o.errs++
+			if o.firstErr == nil {
+				o.firstErr = fmt.Errorf("%s: %w", t, err)
+			}
+			continue
+		}
+		o.done++
+		o.lats = append(o.lats, lat)
+	}
 }
 
 func percentile(sorted []time.Duration, q float64) time.Duration {

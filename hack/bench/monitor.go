@@ -120,11 +120,7 @@ func measureMonitor(ctx context.Context, rounds, repeat int) (_ []monitorResult,
 	if ret, _, err := objs.XvsTcIngress.Test(pkt); err != nil || ret != 2 /* TC_ACT_SHOT */ {
 		return nil, fmt.Errorf("the benchmark's packet: ret %d %v, want a drop", ret, err)
 	}
-	settings, buckets := objs.XvsMonitorConfig, objs.XvsMonitorState
-	events := make([]uint64, len(monitorCases))
-	suppressed := make([]uint64, len(monitorCases))
-	lost := make([]uint64, len(monitorCases))
-	samples := make([][]float64, len(monitorCases))
+	tallies := make([]monitorTally, len(monitorCases))
 	unpin := pinThread()
 	defer unpin()
 	order := make([]int, len(monitorCases))
@@ -137,55 +133,71 @@ func measureMonitor(ctx context.Context, rounds, repeat int) (_ []monitorResult,
 		// would inherit its wake-ups and cache state.
 		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
 		for _, i := range order {
-			c := monitorCases[i]
-			// Each case starts with a fresh rate limiter, as a monitor
-			// does (the previous case's schedule would hold this one's
-			// events back).
-			if err := buckets.Update(uint32(0), make([]xbpf.MonitorBucket, ebpf.MustPossibleCPU()), ebpf.UpdateAny); err != nil {
+			if err := tallies[i].run(objs, monitorCases[i], pkt, repeat); err != nil {
 				return nil, err
 			}
-			if err := settings.Update(uint32(0), &c.settings, ebpf.UpdateAny); err != nil {
-				return nil, err
-			}
-			var stop func() uint64
-			if c.read {
-				if stop, err = drain(objs.XvsEvents); err != nil {
-					return nil, err
-				}
-			}
-			_, d, err := objs.XvsTcIngress.Benchmark(pkt, repeat, nil)
-			if stop != nil {
-				events[i] += stop()
-			}
-			if err != nil {
-				return nil, err
-			}
-			var per []xbpf.MonitorBucket
-			if err := buckets.Lookup(uint32(0), &per); err != nil {
-				return nil, err
-			}
-			for _, b := range per {
-				suppressed[i] += b.Suppressed
-				lost[i] += b.Lost
-			}
-			samples[i] = append(samples[i], float64(d.Nanoseconds()))
 		}
 	}
 	off := xbpf.MonitorSettings{}
-	if err := settings.Update(uint32(0), &off, ebpf.UpdateAny); err != nil {
+	if err := objs.XvsMonitorConfig.Update(uint32(0), &off, ebpf.UpdateAny); err != nil {
 		return nil, err
 	}
 	var out []monitorResult
 	for i, c := range monitorCases {
-		r := monitorResult{name: c.name, events: events[i], suppressed: suppressed[i], lost: lost[i]}
-		s := slices.Sorted(slices.Values(samples[i]))
+		t := &tallies[i]
+		r := monitorResult{name: c.name, events: t.events, suppressed: t.suppressed, lost: t.lost}
+		s := slices.Sorted(slices.Values(t.samples))
 		r.median, r.p10 = s[len(s)/2], s[len(s)/10]
-		for k := range samples[i] {
-			r.perRoundRatio = append(r.perRoundRatio, samples[i][k]/samples[0][k])
+		for k := range t.samples {
+			r.perRoundRatio = append(r.perRoundRatio, t.samples[k]/tallies[0].samples[k])
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// monitorTally is what one case's rounds counted.
+type monitorTally struct {
+	events, suppressed, lost uint64
+	samples                  []float64 // ns per packet, one per round
+}
+
+// run runs case c once: pkt repeat times through the tc program with the
+// case's monitor settings and a fresh rate limiter, the ring read or not.
+func (t *monitorTally) run(objs *loader.Objects, c monitorCase, pkt []byte, repeat int) error {
+	// Each case starts with a fresh rate limiter, as a monitor does (the
+	// previous case's schedule would hold this one's events back).
+	buckets := objs.XvsMonitorState
+	if err := buckets.Update(uint32(0), make([]xbpf.MonitorBucket, ebpf.MustPossibleCPU()), ebpf.UpdateAny); err != nil {
+		return err
+	}
+	if err := objs.XvsMonitorConfig.Update(uint32(0), &c.settings, ebpf.UpdateAny); err != nil {
+		return err
+	}
+	var stop func() uint64
+	if c.read {
+		var err error
+		if stop, err = drain(objs.XvsEvents); err != nil {
+			return err
+		}
+	}
+	_, d, err := objs.XvsTcIngress.Benchmark(pkt, repeat, nil)
+	if stop != nil {
+		t.events += stop()
+	}
+	if err != nil {
+		return err
+	}
+	var per []xbpf.MonitorBucket
+	if err := buckets.Lookup(uint32(0), &per); err != nil {
+		return err
+	}
+	for _, b := range per {
+		t.suppressed += b.Suppressed
+		t.lost += b.Lost
+	}
+	t.samples = append(t.samples, float64(d.Nanoseconds()))
+	return nil
 }
 
 // drain reads the ring until stopped, and returns how many events it read.

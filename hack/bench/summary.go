@@ -23,52 +23,78 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 			fmt.Fprintf(b, "| per packet (tc), %s: %d Services <= %.1fx of %d | %.2fx | %s |\n", c, hi.N, goalRatio, lo.N, r, yesNo(r <= goalRatio))
 		}
 	}
-	if len(traffic) > 0 {
+	summaryTraffic(b, traffic)
+	summaryControl(b, control, agent)
+	if vm != nil {
+		var ms []string
+		for _, r := range vm.Results {
+			e, i := r.Cells[dpAgentEBPF], r.Cells[dpAgentIPVS]
+			switch {
+			case e != nil && i != nil && len(e.Runs) > 0 && len(i.Runs) > 0:
+				ms = append(ms, fmt.Sprintf("%d: conn/s %.2fx, CPU %.2fx", r.N, mCPS.ratio(e, i), mCPUConn.ratio(e, i)))
+			case e != nil && e.Err != "":
+				ms = append(ms, fmt.Sprintf("%d: ebpf mode did not run", r.N))
+			}
+		}
+		fmt.Fprintf(b, "| IPVS in the VM (emulated): ebpf mode against ipvs mode | %s | (no goal) |\n", strings.Join(ms, "; "))
+	}
+	fmt.Fprintln(b)
+}
+
+// summaryTraffic writes the real-traffic goals' rows.
+func summaryTraffic(b *bytes.Buffer, traffic []trafficResult) {
+	if len(traffic) == 0 {
+		return
+	}
+	var rate, cpu []string
+	okRate, okCPU := true, true
+	for _, r := range traffic {
+		if r.Cells[dpXvs] == nil || r.Cells[dpFloor] == nil {
+			continue
+		}
+		rc, cc := mCPS.ratio(r.Cells[dpXvs], r.Cells[dpFloor]), mCPUConn.ratio(r.Cells[dpXvs], r.Cells[dpFloor])
+		rate, cpu = append(rate, fmt.Sprintf("%d: %.2fx", r.N, rc)), append(cpu, fmt.Sprintf("%d: %.2fx", r.N, cc))
+		okRate, okCPU = okRate && rc >= goalFloorRatio, okCPU && cc >= goalFloorRatio
+	}
+	fmt.Fprintf(b, "| real traffic: conn/s through a VIP >= %.1fx the floor at every N | rate %s; CPU view %s | rate %s, CPU %s |\n",
+		goalFloorRatio, strings.Join(rate, ", "), strings.Join(cpu, ", "), yesNo(okRate), yesNo(okCPU))
+	for _, d := range []datapath{dpNftables, dpIptables} {
 		var rate, cpu []string
 		okRate, okCPU := true, true
 		for _, r := range traffic {
-			if r.Cells[dpXvs] == nil || r.Cells[dpFloor] == nil {
+			x, o := r.Cells[dpXvs], r.Cells[d]
+			if x == nil || o == nil || len(o.Runs) == 0 {
 				continue
 			}
-			rc, cc := mCPS.ratio(r.Cells[dpXvs], r.Cells[dpFloor]), mCPUConn.ratio(r.Cells[dpXvs], r.Cells[dpFloor])
-			rate, cpu = append(rate, fmt.Sprintf("%d: %.2fx", r.N, rc)), append(cpu, fmt.Sprintf("%d: %.2fx", r.N, cc))
-			okRate, okCPU = okRate && rc >= goalFloorRatio, okCPU && cc >= goalFloorRatio
+			c, q := mCPS.ratio(x, o), mRPS.ratio(x, o)
+			cc, cq := mCPUConn.ratio(x, o), mCPUReq.ratio(x, o)
+			rate = append(rate, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, c, q))
+			cpu = append(cpu, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, cc, cq))
+			okRate, okCPU = okRate && c >= 1 && q >= 1, okCPU && cc >= 1 && cq >= 1
 		}
-		fmt.Fprintf(b, "| real traffic: conn/s through a VIP >= %.1fx the floor at every N | rate %s; CPU view %s | rate %s, CPU %s |\n",
-			goalFloorRatio, strings.Join(rate, ", "), strings.Join(cpu, ", "), yesNo(okRate), yesNo(okCPU))
-		for _, d := range []datapath{dpNftables, dpIptables} {
-			var rate, cpu []string
-			okRate, okCPU := true, true
-			for _, r := range traffic {
-				x, o := r.Cells[dpXvs], r.Cells[d]
-				if x == nil || o == nil || len(o.Runs) == 0 {
-					continue
-				}
-				c, q := mCPS.ratio(x, o), mRPS.ratio(x, o)
-				cc, cq := mCPUConn.ratio(x, o), mCPUReq.ratio(x, o)
-				rate = append(rate, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, c, q))
-				cpu = append(cpu, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, cc, cq))
-				okRate, okCPU = okRate && c >= 1 && q >= 1, okCPU && cc >= 1 && cq >= 1
-			}
-			if len(rate) > 0 {
-				fmt.Fprintf(b, "| real traffic: never slower than %s (conn/s / req/s) | rate %s; CPU view %s | rate %s, CPU %s |\n",
-					d, strings.Join(rate, ", "), strings.Join(cpu, ", "), yesNo(okRate), yesNo(okCPU))
-			}
-		}
-		if bx := traffic[0].Cells[dpXvs]; bx != nil && len(traffic) > 1 {
-			var ms []string
-			ok := true
-			for _, r := range traffic[1:] {
-				if x := r.Cells[dpXvs]; x != nil {
-					r50, r99 := cellMedian(x, p50)/cellMedian(bx, p50), cellMedian(x, p99)/cellMedian(bx, p99)
-					ms = append(ms, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, r50, r99))
-					ok = ok && r50 <= flatP50 && r99 <= flatP99
-				}
-			}
-			fmt.Fprintf(b, "| real traffic: xvs connect() time flat in N (p50 <= %.1fx, p99 <= %.1fx of %d) | p50/p99 %s | %s |\n",
-				flatP50, flatP99, traffic[0].N, strings.Join(ms, ", "), yesNo(ok))
+		if len(rate) > 0 {
+			fmt.Fprintf(b, "| real traffic: never slower than %s (conn/s / req/s) | rate %s; CPU view %s | rate %s, CPU %s |\n",
+				d, strings.Join(rate, ", "), strings.Join(cpu, ", "), yesNo(okRate), yesNo(okCPU))
 		}
 	}
+	if bx := traffic[0].Cells[dpXvs]; bx != nil && len(traffic) > 1 {
+		var ms []string
+		ok := true
+		for _, r := range traffic[1:] {
+			if x := r.Cells[dpXvs]; x != nil {
+				r50, r99 := cellMedian(x, p50)/cellMedian(bx, p50), cellMedian(x, p99)/cellMedian(bx, p99)
+				ms = append(ms, fmt.Sprintf("%d: %.2fx/%.2fx", r.N, r50, r99))
+				ok = ok && r50 <= flatP50 && r99 <= flatP99
+			}
+		}
+		fmt.Fprintf(b, "| real traffic: xvs connect() time flat in N (p50 <= %.1fx, p99 <= %.1fx of %d) | p50/p99 %s | %s |\n",
+			flatP50, flatP99, traffic[0].N, strings.Join(ms, ", "), yesNo(ok))
+	}
+}
+
+// summaryControl writes the control plane's rows: the reconciler in
+// process, then the real agent process of each source.
+func summaryControl(b *bytes.Buffer, control []controlResult, agent []agentResult) {
 	if len(control) > 0 {
 		last := control[len(control)-1]
 		fmt.Fprintf(b, "| control plane: full sync of %d Services x %d endpoints <= %v | wall %v, CPU %v | wall %s, CPU %s |\n", last.N, backendsPerService,
@@ -93,18 +119,4 @@ func writeSummary(b *bytes.Buffer, rs []sizeResult, traffic []trafficResult, con
 				src, a.N, backendsPerService, a.Ready.Round(time.Millisecond), float64(a.HWM)/(1<<20), yesNo(a.HWM <= goalRSS))
 		}
 	}
-	if vm != nil {
-		var ms []string
-		for _, r := range vm.Results {
-			e, i := r.Cells[dpAgentEBPF], r.Cells[dpAgentIPVS]
-			switch {
-			case e != nil && i != nil && len(e.Runs) > 0 && len(i.Runs) > 0:
-				ms = append(ms, fmt.Sprintf("%d: conn/s %.2fx, CPU %.2fx", r.N, mCPS.ratio(e, i), mCPUConn.ratio(e, i)))
-			case e != nil && e.Err != "":
-				ms = append(ms, fmt.Sprintf("%d: ebpf mode did not run", r.N))
-			}
-		}
-		fmt.Fprintf(b, "| IPVS in the VM (emulated): ebpf mode against ipvs mode | %s | (no goal) |\n", strings.Join(ms, "; "))
-	}
-	fmt.Fprintln(b)
 }

@@ -212,7 +212,18 @@ fi
 # ---- Cluster add-ons: xvs (the only Service proxy) and CoreDNS.
 kubectl apply -k "$HERE/overlay" >&2
 kubectl apply -f "$HERE/coredns.yaml" >&2
-waitfor xvs 300 kubectl -n kube-system rollout status ds/xvs --timeout=5s
+if ! waitfor xvs 300 kubectl -n kube-system rollout status ds/xvs --timeout=5s; then
+  # What the agent said: each pod's init container and agent, the
+  # previous run of a crashing one too, into the component logs.
+  for pod in $(kubectl -n kube-system get pods -l app.kubernetes.io/name=xvs -o name 2>/dev/null); do
+    for c in init xvs; do
+      kubectl -n kube-system logs "$pod" -c $c >"$LOG/${pod#pod/}-$c.log" 2>&1 || true
+      kubectl -n kube-system logs "$pod" -c $c --previous >>"$LOG/${pod#pod/}-$c.log" 2>&1 || true
+    done
+  done
+  kubectl -n kube-system describe pods -l app.kubernetes.io/name=xvs >"$LOG/xvs-pods.txt" 2>&1 || true
+  exit 1
+fi
 waitfor coredns 300 kubectl -n kube-system rollout status deploy/coredns --timeout=5s
 waitfor default-sa 120 kubectl get sa default
 kubectl get pods -A -o wide >&2
