@@ -73,7 +73,11 @@ func TestPrivPacketFuzz(t *testing.T) {
 	}
 	te, xe := setup(), setup()
 	xdp, err := xe.objs.XDPProgram()
-	if err != nil {
+	switch {
+	case errors.Is(err, loader.ErrXDPUnsupported):
+		t.Logf("tc only: %v (the XDP program is fuzzed on kernels that run it)", err)
+		xdp = nil
+	case err != nil:
 		t.Fatal(err)
 	}
 	g := &packetGen{w: w, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
@@ -96,6 +100,9 @@ func TestPrivPacketFuzz(t *testing.T) {
 		w.onForward = nil
 		if msg != "" {
 			t.Fatalf("packet %d (%s): tc: %s\n in %x\nout %x", i, note, msg, in, out)
+		}
+		if xdp == nil {
+			continue
 		}
 		xret, xout, err := xdp.Test(in)
 		if err != nil {

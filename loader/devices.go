@@ -2,6 +2,7 @@ package loader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -78,14 +79,18 @@ func (o *Objects) AttachSelected(s DeviceSelector, mode AttachMode) ([]Attachmen
 		a, err := o.attachDevice(s, n, mode)
 		if err != nil {
 			errs = append(errs, err)
-			continue
+			if !errors.Is(err, ErrXDPUnsupported) { // tc is attached then
+				continue
+			}
 		}
 		atts = append(atts, a)
 	}
 	return atts, errs
 }
 
-// attachDevice attaches tc, and XDP where the selector asks for it.
+// attachDevice attaches tc, and XDP where the selector asks for it. On a
+// kernel that cannot run the XDP program the error is ErrXDPUnsupported
+// and tc is attached.
 func (o *Objects) attachDevice(s DeviceSelector, dev string, mode AttachMode) (Attachment, error) {
 	a, err := o.Attach(dev, mode)
 	if err != nil || !s.MatchXDP(dev) {
@@ -208,7 +213,7 @@ func (w *deviceWatch) attach(name string) {
 		return
 	}
 	a, err := w.o.attachDevice(w.s, name, w.mode)
-	if err == nil {
+	if err == nil || errors.Is(err, ErrXDPUnsupported) { // no retry can help XDP then
 		w.seen[name] = true
 	}
 	w.report(a, err)

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -36,6 +37,13 @@ func TestPrivLazyPrograms(t *testing.T) {
 		t.Fatal("a lazy program was loaded by Load")
 	}
 	first, err := objs.XDPProgram()
+	if errors.Is(err, ErrXDPUnsupported) {
+		// The 6.12 VM (make test) checks the XDP program's part.
+		if _, err := objs.hookProgram(hooks[0], true); err != nil || objs.XvsTcIngressL3 == nil {
+			t.Fatalf("the L3 programs are not loaded after their first use (%v)", err)
+		}
+		t.Skipf("SKIP (kernel) the XDP program: %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -342,8 +342,12 @@ func (o *Objects) loaded(names []string) bool {
 	return true
 }
 
-// XDPProgram is the XDP program, loaded on first use.
+// XDPProgram is the XDP program, loaded on first use (ErrXDPUnsupported
+// where the kernel cannot run it).
 func (o *Objects) XDPProgram() (*ebpf.Program, error) {
+	if err := XDPSupported(); err != nil {
+		return nil, err
+	}
 	if err := o.loadLazy("the XDP program", xdpPrograms); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,9 @@ import (
 	"path"
 	"path/filepath"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 )
@@ -16,6 +19,26 @@ const (
 	XDPNative  = "native"
 	XDPGeneric = "generic"
 )
+
+// ErrXDPUnsupported: the kernel cannot run the XDP fast path. Its program
+// hands each verdict to tc in the packet's metadata
+// (bpf_xdp_adjust_meta); a kernel that refuses that helper to XDP
+// programs (Linux 6.18.44 builds were seen doing so) refuses the whole
+// program. tc serves the devices alone then, as without --xdp-devices.
+var ErrXDPUnsupported = errors.New("XDP fast path unsupported by this kernel")
+
+// XDPSupported reports whether the kernel can load the XDP program, by the
+// helper it needs (ErrXDPUnsupported when it cannot).
+func XDPSupported() error {
+	err := features.HaveProgramHelper(ebpf.XDP, asm.FnXdpAdjustMeta)
+	switch {
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return fmt.Errorf("%w: its XDP programs cannot call bpf_xdp_adjust_meta, which hands the XDP verdict to tc; tc serves these devices alone", ErrXDPUnsupported)
+	case err != nil:
+		return fmt.Errorf("probe the XDP helpers: %w", err)
+	}
+	return nil
+}
 
 func (o *Objects) xdpPin(dev string) string {
 	return filepath.Join(o.cfg.PinPath, "xdp-links", dev)

@@ -194,7 +194,10 @@ func TestPrivMultiNodeNorthSouth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := snap.Verdicts["forward_after_xdp"].PacketsIn; n == 0 {
+	if err := loader.XDPSupported(); err != nil {
+		// tc served node A's external interfaces alone.
+		t.Logf("SKIP (kernel) the XDP fast path check: %v", err)
+	} else if n := snap.Verdicts["forward_after_xdp"].PacketsIn; n == 0 {
 		t.Fatalf("no packet went through the XDP fast path: %v", snap.Verdicts)
 	}
 	if n := snap.Verdicts["host_socket_balanced"].PacketsIn; n == 0 {

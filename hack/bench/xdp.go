@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -57,6 +58,10 @@ type xdpResult struct {
 // with the per-packet method of the tc benchmark, and checks one
 // translated packet of each case byte for byte.
 func measureXDP(ctx context.Context, opts Options) (rs []xdpResult, err error) {
+	if err := loader.XDPSupported(); errors.Is(err, loader.ErrXDPUnsupported) {
+		logf(opts.Log, "xdp: not measured: %v", err)
+		return nil, nil // the report says why
+	}
 	cfg := loader.DefaultConfig()
 	samples := min(opts.Samples, 20000)
 	cfg.ConntrackSize = max(1<<16, pow2(8*(samples+hitFlows)))
@@ -238,6 +243,10 @@ func writeXDP(b *bytes.Buffer, rs []xdpResult, samples int) {
 	fmt.Fprintf(b, "## XDP per-packet\n\n")
 	fmt.Fprintf(b, "`xvs_xdp` (the fast path for the node's external interfaces) beside `xvs_xdp_empty` (an XDP program that only returns XDP_PASS: the floor), same method as the tc figures: one `BPF_PROG_TEST_RUN` with repeat 1 per sample, interleaved, pinned CPU, verdict counters checked, %d samples per case. Two NodePort Services on the node address %s: eTP=Local with a local endpoint (DNAT only), and eTP=Cluster with %d remote endpoints (DNAT and masquerade to the node address; one translated packet of each case is checked for it). The program rewrites in place and returns XDP_PASS with a mark for tc, which then only forwards.\n\n",
 		min(samples, 20000), xdpNodeIP, xdpRemoteCount)
+	if len(rs) == 0 {
+		fmt.Fprintf(b, "Not measured on this machine: %v.\n\n", loader.XDPSupported())
+		return
+	}
 	fmt.Fprintf(b, "| Case | xvs_xdp median (ns) | mean (ns) | empty median (ns) | above floor, median (ns) |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range rs {
 		fmt.Fprintf(b, "| %s | %.0f | %.1f | %.0f | %.0f |\n", r.Case.Name, r.Xdp.Median, r.Xdp.Mean, r.Empty.Median, r.Xdp.Median-r.Empty.Median)
