@@ -52,13 +52,14 @@ func (p *Process) Stop(grace time.Duration) error {
 		return nil
 	case <-time.After(grace):
 		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		var err error
 		select {
-		case <-p.done:
+		case err = <-p.done:
 		case <-time.After(2 * time.Second):
 			_ = p.cmd.Process.Kill()
-			<-p.done
+			err = <-p.done
 		}
-		p.done <- nil
+		p.done <- err
 		return fmt.Errorf("%s did not stop within %v; stopped with SIGQUIT (a Go program's goroutines are in %s)", p.cmd.Path, grace, p.Log)
 	}
 }

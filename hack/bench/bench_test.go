@@ -44,8 +44,8 @@ func TestPrivBenchTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	xdpWant := "remote backend with SNAT"
-	if loader.XDPSupported() != nil {
-		xdpWant = "Not measured on this machine: " + loader.XDPSupported().Error()
+	if err := loader.XDPSupported(); err != nil {
+		xdpWant = "Not measured on this machine: " + err.Error()
 	}
 	for _, want := range []string{
 		xdpWant, "## Machine", "Kernel:", "CPU:", "Load average", "## Summary of the goals", "real traffic: never slower than nftables", "## Method", "## Results", "![", "BENCHMARKS.png",
