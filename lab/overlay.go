@@ -59,12 +59,28 @@ func overlayMAC(node *Node) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x58, 0x4c, 0x00, 0x00, byte(node.Index)}
 }
 
-// pair checks that a and b are two nodes of this lab.
-func (l *Lab) pair(a, b *Node, how string) error {
+// join builds overlay o between nodes a and b of this lab (how names the
+// kind in errors), under the lab's topology lock: links, when not nil,
+// once (what both ends share), then each(n, peer) for each end, a's
+// first.
+func (l *Lab) join(a, b *Node, how string, o *Overlay, links func() error, each func(n, peer *Node) error) (*Overlay, error) {
 	if a == b || a.lab != l || b.lab != l {
-		return fmt.Errorf("lab: cannot join %s and %s by %s", a.Name, b.Name, how)
+		return nil, fmt.Errorf("lab: cannot join %s and %s by %s", a.Name, b.Name, how)
 	}
-	return nil
+	l.topo.Lock()
+	defer l.topo.Unlock()
+	o.A, o.B = a, b
+	if links != nil {
+		if err := links(); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range [][2]*Node{{a, b}, {b, a}} {
+		if err := each(p[0], p[1]); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
 }
 
 // VXLAN builds the overlay between a and b, whose IPv4 primary addresses
@@ -83,18 +99,8 @@ func (l *Lab) FlannelVXLAN(a, b *Node, aAddr, bAddr netip.Addr) (*Overlay, error
 }
 
 func (l *Lab) vxlan(a, b *Node, addrs map[*Node]netip.Addr) (*Overlay, error) {
-	if err := l.pair(a, b, "VXLAN"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "vxlan0", addrs: addrs}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		if err := o.build(p[0], p[1]); err != nil {
-			return nil, err
-		}
-	}
-	return o, nil
+	o := &Overlay{Dev: "vxlan0", addrs: addrs}
+	return l.join(a, b, "VXLAN", o, nil, o.build)
 }
 
 func (o *Overlay) build(n, peer *Node) error {
@@ -173,18 +179,13 @@ func (o *Overlay) Route(from *Node, dsts ...netip.Prefix) error {
 // destination from its route. The nodes' IPv4 primary addresses must reach
 // each other (Link routes them over a fabric).
 func (l *Lab) IPIP(a, b *Node) (*Overlay, error) {
-	if err := l.pair(a, b, "IPIP"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "tunl0", ipip: true}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		if _, err := o.upWithAddr(p[0], p[1], 1480); err != nil {
-			return nil, fmt.Errorf("%w (is the ipip module loaded?)", err)
+	o := &Overlay{Dev: "tunl0", ipip: true}
+	return l.join(a, b, "IPIP", o, nil, func(n, peer *Node) error {
+		if _, err := o.upWithAddr(n, peer, 1480); err != nil {
+			return fmt.Errorf("%w (is the ipip module loaded?)", err)
 		}
-	}
-	return o, nil
+		return nil
+	})
 }
 
 // Stats reads node's overlay device counters: bytes received and sent
@@ -212,14 +213,8 @@ const VLANID = 100
 // link; everything else stays untagged on the fabric. The kernel needs the
 // 8021q module (not on this host: the VM rig's kernels have it).
 func (l *Lab) VLAN(a, b *Node) (*Overlay, error) {
-	if err := l.pair(a, b, "VLAN"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: fmt.Sprintf("vlan%d", VLANID)}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		n, peer := p[0], p[1]
+	o := &Overlay{Dev: fmt.Sprintf("vlan%d", VLANID)}
+	return l.join(a, b, "VLAN", o, nil, func(n, peer *Node) error {
 		lower := -1
 		for _, ifc := range n.ifaces {
 			if ifc.Role == RoleFabric && ifc.Peer == peer.NS {
@@ -228,7 +223,7 @@ func (l *Lab) VLAN(a, b *Node) (*Overlay, error) {
 			}
 		}
 		if lower < 0 {
-			return nil, fmt.Errorf("lab: VLAN needs a fabric between %s and %s (Link)", n.Name, peer.Name)
+			return fmt.Errorf("lab: VLAN needs a fabric between %s and %s (Link)", n.Name, peer.Name)
 		}
 		vl := &netlink.Vlan{
 			LinkAttrs:    netlink.LinkAttrs{Name: o.Dev, ParentIndex: lower},
@@ -236,13 +231,11 @@ func (l *Lab) VLAN(a, b *Node) (*Overlay, error) {
 			VlanProtocol: netlink.VLAN_PROTOCOL_8021Q,
 		}
 		if err := n.nl.LinkAdd(vl); err != nil {
-			return nil, fmt.Errorf("%s: add vlan %s (is the 8021q module loaded?): %w", n.Name, o.Dev, err)
+			return fmt.Errorf("%s: add vlan %s (is the 8021q module loaded?): %w", n.Name, o.Dev, err)
 		}
-		if _, err := o.upWithAddr(n, peer, 0); err != nil {
-			return nil, err
-		}
-	}
-	return o, nil
+		_, err := o.upWithAddr(n, peer, 0)
+		return err
+	})
 }
 
 // upWithAddr records node n's overlay device, sets its MTU (unless 0),
@@ -292,12 +285,7 @@ type wgNode struct {
 // header. It needs the wireguard module and wg(8) (the VM rig's guest has
 // both; this host's kernel has no wireguard).
 func (l *Lab) WireGuard(a, b *Node) (*Overlay, error) {
-	if err := l.pair(a, b, "WireGuard"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "wg0", wg: map[*Node]*wgNode{}}
+	o := &Overlay{Dev: "wg0", wg: map[*Node]*wgNode{}}
 	for _, n := range []*Node{a, b} {
 		key, err := ecdh.X25519().GenerateKey(rand.Reader)
 		if err != nil {
@@ -308,22 +296,19 @@ func (l *Lab) WireGuard(a, b *Node) (*Overlay, error) {
 			public:  base64.StdEncoding.EncodeToString(key.PublicKey().Bytes()),
 		}
 	}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		n, peer := p[0], p[1]
+	return l.join(a, b, "WireGuard", o, nil, func(n, peer *Node) error {
 		if err := n.nl.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: o.Dev, MTU: 1420}}); err != nil {
-			return nil, fmt.Errorf("%s: add wireguard %s (is the wireguard module loaded?): %w", n.Name, o.Dev, err)
+			return fmt.Errorf("%s: add wireguard %s (is the wireguard module loaded?): %w", n.Name, o.Dev, err)
 		}
 		if err := o.wgSetKey(n); err != nil {
-			return nil, err
+			return err
 		}
 		if err := o.wgPeer(n, peer); err != nil {
-			return nil, err
+			return err
 		}
-		if _, err := o.upWithAddr(n, peer, 0); err != nil {
-			return nil, err
-		}
-	}
-	return o, nil
+		_, err := o.upWithAddr(n, peer, 0)
+		return err
+	})
 }
 
 // wgSetKey gives n's wg0 its private key (through a file only root can
@@ -375,29 +360,33 @@ func wg(n *Node, args ...string) error {
 // on the link it arrived by, then again on bond0. The kernel needs the
 // bonding module (not on this host: the VM rig's kernels have it).
 func (l *Lab) Bond(a, b *Node) (*Overlay, error) {
-	if err := l.pair(a, b, "bond"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "bond0"}
+	o := &Overlay{Dev: "bond0"}
+	return l.join(a, b, "bond", o, func() error { return o.bondLinks(a, b) }, func(n, peer *Node) error {
+		_, err := o.upWithAddr(n, peer, 0)
+		return err
+	})
+}
+
+// bondLinks makes bond0 on a and b and enslaves two veths between them to
+// it, an end of each on each node.
+func (o *Overlay) bondLinks(a, b *Node) error {
 	for _, n := range []*Node{a, b} {
 		bond := netlink.NewLinkBond(netlink.LinkAttrs{Name: o.Dev})
 		bond.Mode = netlink.BOND_MODE_BALANCE_XOR
 		bond.XmitHashPolicy = netlink.BOND_XMIT_HASH_POLICY_LAYER3_4
 		bond.Miimon = 100
 		if err := n.nl.LinkAdd(bond); err != nil {
-			return nil, fmt.Errorf("%s: add bond %s (is the bonding module loaded?): %w", n.Name, o.Dev, err)
+			return fmt.Errorf("%s: add bond %s (is the bonding module loaded?): %w", n.Name, o.Dev, err)
 		}
 	}
 	for range 2 {
 		aName, bName := a.nextName("bond"), b.nextName("bond")
 		if _, err := a.addVeth(aName, b.NS, bName, RoleFabric); err != nil {
-			return nil, err
+			return err
 		}
 		bl, err := b.nl.LinkByName(bName)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", b.Name, err)
+			return fmt.Errorf("%s: %w", b.Name, err)
 		}
 		b.ifaces = append(b.ifaces, Iface{Name: bName, Index: bl.Attrs().Index, Role: RoleFabric, Peer: a.NS, PeerIface: aName})
 		for _, end := range []struct {
@@ -405,16 +394,11 @@ func (l *Lab) Bond(a, b *Node) (*Overlay, error) {
 			dev string
 		}{{a, aName}, {b, bName}} {
 			if err := end.n.enslave(end.dev, o.Dev); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		if _, err := o.upWithAddr(p[0], p[1], 0); err != nil {
-			return nil, err
-		}
-	}
-	return o, nil
+	return nil
 }
 
 // enslave makes dev a port of master (it must be down meanwhile).
@@ -449,14 +433,8 @@ const GenevePort = 6081
 // it via the peer's overlay address, on link. The kernel needs the geneve
 // module (not on this host: the VM rig's kernels have it).
 func (l *Lab) Geneve(a, b *Node) (*Overlay, error) {
-	if err := l.pair(a, b, "Geneve"); err != nil {
-		return nil, err
-	}
-	l.topo.Lock()
-	defer l.topo.Unlock()
-	o := &Overlay{A: a, B: b, Dev: "geneve0"}
-	for _, p := range [][2]*Node{{a, b}, {b, a}} {
-		n, peer := p[0], p[1]
+	o := &Overlay{Dev: "geneve0"}
+	return l.join(a, b, "Geneve", o, nil, func(n, peer *Node) error {
 		gn := &netlink.Geneve{
 			LinkAttrs: netlink.LinkAttrs{Name: o.Dev, MTU: 1450, HardwareAddr: overlayMAC(n)},
 			ID:        1,
@@ -464,17 +442,14 @@ func (l *Lab) Geneve(a, b *Node) (*Overlay, error) {
 			Dport:     GenevePort,
 		}
 		if err := n.nl.LinkAdd(gn); err != nil {
-			return nil, fmt.Errorf("%s: add geneve %s (is the geneve module loaded?): %w", n.Name, o.Dev, err)
+			return fmt.Errorf("%s: add geneve %s (is the geneve module loaded?): %w", n.Name, o.Dev, err)
 		}
 		idx, err := o.upWithAddr(n, peer, 0)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := o.peerNeighbour(n, peer, idx); err != nil {
-			return nil, err
-		}
-	}
-	return o, nil
+		return o.peerNeighbour(n, peer, idx)
+	})
 }
 
 // peerNeighbour gives node n a permanent neighbour entry for peer's overlay
