@@ -3,12 +3,13 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: bench-resize dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: bench-resize bench-stages dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
 	@echo "make test    every check and test, as CI runs them (root)"
 	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md, then make bench-peers (root)"
+	@echo "make bench-stages   where a conntrack hit's time goes, stage by stage; rewrites docs/BENCHMARKS-stages.md (root)"
 	@echo "make bench-peers   xvs beside the real kube-proxy (nftables, iptables); rewrites docs/BENCHMARKS-peers.md (root; XVS_PEERS_WINDOW=30s)"
 	@echo "make kube-proxy   build the real kube-proxy v1.37 once (cached under /var/cache/xvs)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
@@ -30,9 +31,10 @@ deps:
 # committed, and generate-check fails when regenerating changes them.
 generate:
 	$(GO) generate ./bpf/
+	$(GO) -C hack/bench generate ./stages
 
 generate-check: generate
-	@git diff --exit-code -- bpf/ || { echo "bpf/: generated files are stale: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- bpf/ hack/bench/stages/ || { echo "bpf/, hack/bench/stages/: generated files are stale: run 'make generate' and commit"; exit 1; }
 
 # Version stamps (version/version.go): xvs --version, the startup log line
 # and the xvs_build_info metric.
@@ -72,7 +74,7 @@ lint:
 	$(GO) vet -tags lab ./cmd/xvs
 	$(GO) -C hack/bench vet ./...
 	$(GO) -C hack/monitoring vet ./...
-	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h
+	clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h hack/bench/stages/*.c
 
 # Privileged tests (TestPriv*) need root: they fail, never skip, without it.
 # TestPrivIPVS* need kernel IPVS, and TestPrivIPIP* the ipip module, which
@@ -205,6 +207,7 @@ bench: deps apiserver kube-proxy
 	./bin/bench -out docs/BENCHMARKS.md
 	./bin/bench monitor -out docs/BENCHMARKS-monitor.md
 	./bin/bench resize -out docs/BENCHMARKS-resize.md
+	./bin/bench stages -out docs/BENCHMARKS-stages.md
 	$(MAKE) bench-peers
 
 # The conntrack resize alone (docs/BENCHMARKS-resize.md): the copy of 1M
@@ -212,6 +215,12 @@ bench: deps apiserver kube-proxy
 bench-resize: deps
 	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
 	./bin/bench resize -out docs/BENCHMARKS-resize.md
+
+# Where a conntrack hit's time goes (docs/BENCHMARKS-stages.md): the tc
+# program cut after each stage (hack/bench/stages), cold and warm.
+bench-stages: deps
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench stages -out docs/BENCHMARKS-stages.md
 
 # The real kube-proxy (test/kubeproxy: upstream cmd/kube-proxy of the
 # k8s.io/kubernetes module, its own Go module), built once into

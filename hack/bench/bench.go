@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -447,20 +445,7 @@ func synPacket(src netip.Addr, sport uint16, vip netip.Addr) ([]byte, error) {
 
 // synPacketTo is synPacket to any destination port.
 func synPacketTo(src netip.Addr, sport uint16, vip netip.Addr, dport uint16) ([]byte, error) {
-	eth := &layers.Ethernet{
-		SrcMAC: []byte{2, 0, 0, 0, 0, 1}, DstMAC: []byte{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4,
-	}
-	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: src.AsSlice(), DstIP: vip.AsSlice()}
-	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), SYN: true, Seq: 1000, Window: 65535}
-	if err := tcp.SetNetworkLayerForChecksum(ip); err != nil {
-		return nil, err
-	}
-	buf := gopacket.NewSerializeBuffer()
-	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
-	if err := gopacket.SerializeLayers(buf, opts, eth, ip, tcp); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return tcpPacket(src, sport, vip, dport, tcpSYN)
 }
 
 // establish sends each flow's packet once, untimed, so that the timed

@@ -48,6 +48,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "monitor" {
 		os.Exit(monitorMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "stages" {
+		os.Exit(stagesMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "resize" {
 		os.Exit(resizeMain(os.Args[2:]))
 	}

@@ -118,11 +118,16 @@ func writeSchedulers(b *bytes.Buffer, sb schedBench) {
 		reconcile.DefaultMaglevSize, maglevBackends, maglevBuilds, sb.MaglevBuild.Median/1e6, sb.MaglevBuild.Mean/1e6, maglevGoal, yesNo(sb.MaglevBuild.Median <= float64(maglevGoal)))
 }
 
+// privatePinPath is where privateDatapath(tag) pins its maps.
+func privatePinPath(tag string) string {
+	return filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-%s", os.Getpid(), tag))
+}
+
 // privateDatapath loads fresh objects under a pin path of this process's
 // own (tag names it) and takes over their maps; done closes the objects and
 // removes the pins.
 func privateDatapath(cfg loader.Config, tag string) (*loader.Objects, *reconcile.Datapath, func() error, error) {
-	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-%s", os.Getpid(), tag))
+	cfg.PinPath = privatePinPath(tag)
 	_ = os.RemoveAll(cfg.PinPath)
 	remove := func() error {
 		if err := os.RemoveAll(cfg.PinPath); err != nil {
