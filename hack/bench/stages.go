@@ -70,6 +70,7 @@ var stageSteps = []stageStep{
 	{name: "stage_forward", what: "forwarding instead of the bare rewrite: FIB lookup, MTU check, TTL, MACs, redirect", want: tcActRedirect},
 	{name: "xvs_tc_ingress", what: "the real program: VLAN and XDP checks, the verdict counter, the drop monitor's test", want: tcActRedirect},
 	{name: "helper_fib", what: "bpf_fib_lookup alone, for the backend (the floor included)", want: tcActOK, alone: true},
+	{name: "helper_ct_direct", what: "stage_lookup with the established table named directly, not reached through its slot (the floor and the parser included)", want: tcActOK, alone: true},
 	{name: "helper_clock", what: "bpf_ktime_get_ns alone (the floor included)", want: tcActOK, alone: true},
 }
 

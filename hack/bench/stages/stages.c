@@ -129,6 +129,25 @@ int helper_fib(struct __sk_buff *skb)
 										     : TC_ACT_SHOT;
 }
 
+/* The conntrack lookup of stage_lookup with the established table named
+ * directly instead of reached through its xvs_ct_tables slot (the
+ * verifier can inline a lookup in a map it knows; one in a map taken from
+ * a map-in-map is a call through the map's operations). The parser
+ * included. */
+SEC("tc")
+int helper_ct_direct(struct __sk_buff *skb)
+{
+	struct flow_scratch *sc = parsed(skb);
+	struct xvs_ct_key ck = {};
+
+	if (!sc)
+		return TC_ACT_SHOT;
+	struct xvs_pkt *p = &sc->pkt;
+
+	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	return bpf_map_lookup_elem(&xvs_conntrack, &ck) ? TC_ACT_OK : TC_ACT_SHOT;
+}
+
 /* The clock every tracked packet reads. */
 SEC("tc")
 int helper_clock(struct __sk_buff *skb)

@@ -46,6 +46,7 @@ const (
 	StagesMapXvsSvcStats          = "xvs_svc_stats"
 	StagesMapXvsVerdicts          = "xvs_verdicts"
 	StagesProgHelperClock         = "helper_clock"
+	StagesProgHelperCtDirect      = "helper_ct_direct"
 	StagesProgHelperFib           = "helper_fib"
 	StagesProgStageDecide         = "stage_decide"
 	StagesProgStageForward        = "stage_forward"
@@ -108,14 +109,15 @@ type StagesSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type StagesProgramSpecs struct {
-	HelperClock  *ebpf.ProgramSpec `ebpf:"helper_clock"`
-	HelperFib    *ebpf.ProgramSpec `ebpf:"helper_fib"`
-	StageDecide  *ebpf.ProgramSpec `ebpf:"stage_decide"`
-	StageForward *ebpf.ProgramSpec `ebpf:"stage_forward"`
-	StageLookup  *ebpf.ProgramSpec `ebpf:"stage_lookup"`
-	StageParse   *ebpf.ProgramSpec `ebpf:"stage_parse"`
-	StageRewrite *ebpf.ProgramSpec `ebpf:"stage_rewrite"`
-	StageScratch *ebpf.ProgramSpec `ebpf:"stage_scratch"`
+	HelperClock    *ebpf.ProgramSpec `ebpf:"helper_clock"`
+	HelperCtDirect *ebpf.ProgramSpec `ebpf:"helper_ct_direct"`
+	HelperFib      *ebpf.ProgramSpec `ebpf:"helper_fib"`
+	StageDecide    *ebpf.ProgramSpec `ebpf:"stage_decide"`
+	StageForward   *ebpf.ProgramSpec `ebpf:"stage_forward"`
+	StageLookup    *ebpf.ProgramSpec `ebpf:"stage_lookup"`
+	StageParse     *ebpf.ProgramSpec `ebpf:"stage_parse"`
+	StageRewrite   *ebpf.ProgramSpec `ebpf:"stage_rewrite"`
+	StageScratch   *ebpf.ProgramSpec `ebpf:"stage_scratch"`
 }
 
 // StagesMapSpecs contains maps before they are loaded into the kernel.
@@ -276,19 +278,21 @@ type StagesVariables struct {
 //
 // It can be passed to LoadStagesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type StagesPrograms struct {
-	HelperClock  *ebpf.Program `ebpf:"helper_clock"`
-	HelperFib    *ebpf.Program `ebpf:"helper_fib"`
-	StageDecide  *ebpf.Program `ebpf:"stage_decide"`
-	StageForward *ebpf.Program `ebpf:"stage_forward"`
-	StageLookup  *ebpf.Program `ebpf:"stage_lookup"`
-	StageParse   *ebpf.Program `ebpf:"stage_parse"`
-	StageRewrite *ebpf.Program `ebpf:"stage_rewrite"`
-	StageScratch *ebpf.Program `ebpf:"stage_scratch"`
+	HelperClock    *ebpf.Program `ebpf:"helper_clock"`
+	HelperCtDirect *ebpf.Program `ebpf:"helper_ct_direct"`
+	HelperFib      *ebpf.Program `ebpf:"helper_fib"`
+	StageDecide    *ebpf.Program `ebpf:"stage_decide"`
+	StageForward   *ebpf.Program `ebpf:"stage_forward"`
+	StageLookup    *ebpf.Program `ebpf:"stage_lookup"`
+	StageParse     *ebpf.Program `ebpf:"stage_parse"`
+	StageRewrite   *ebpf.Program `ebpf:"stage_rewrite"`
+	StageScratch   *ebpf.Program `ebpf:"stage_scratch"`
 }
 
 func (p *StagesPrograms) Close() error {
 	return _StagesClose(
 		p.HelperClock,
+		p.HelperCtDirect,
 		p.HelperFib,
 		p.StageDecide,
 		p.StageForward,
