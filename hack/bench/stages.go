@@ -590,6 +590,7 @@ counter must show exactly one established-flow verdict per run.
 		"For comparison, the same program on SYNs resent on flows that never had a reply, rotating over %d of them (the main report's \"conntrack hit\": "+
 		"a miss in the established table, the old-slot check, a hit in the unreplied table; here with a route): %.0f ns median, %.0f ns above the floor.\n\n",
 		fullC-floorC, fullW-floorW, r.flows, r.unreplied.Median, r.unreplied.Median-floorC)
-	b.WriteString("Increments are differences of medians of separate programs, so they are estimates: a stage's cost can shift with what the compiler keeps in registers across the cut, and an increment at or below zero means the stage costs less than the noise. The helpers measured alone include the floor.\n")
+	b.WriteString("Increments are differences of medians of separate programs, so they are estimates: a stage's cost can shift with what the compiler keeps in registers across the cut, and an increment at or below zero means the stage costs less than the noise. The helpers measured alone include the floor. " +
+		"What a redirect does after the program returns (the packet's transmit on the egress device; with `bpf_redirect_neigh`, its own route and neighbour lookups) is not in these figures: a change that moves work from the program into the redirect looks free here and must be judged by real forwarding (the traffic benchmark).\n")
 	return b.Bytes()
 }
