@@ -48,20 +48,28 @@ int stage_parse(struct __sk_buff *skb)
 	return parsed(skb) ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
+/* Stages 1-2 and the flow's conntrack key in *ck; false if the packet
+ * does not parse. */
+static __always_inline bool keyed(struct __sk_buff *skb, struct xvs_ct_key *ck)
+{
+	struct flow_scratch *sc = parsed(skb);
+
+	if (!sc)
+		return false;
+	struct xvs_pkt *p = &sc->pkt;
+
+	ct_key(ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
+	return true;
+}
+
 /* 3: + the conntrack lookup alone: the flow's key, the table slot, the
  * entry (lib/ct.h). */
 SEC("tc")
 int stage_lookup(struct __sk_buff *skb)
 {
-	struct flow_scratch *sc = parsed(skb);
 	struct xvs_ct_key ck = {};
 
-	if (!sc)
-		return TC_ACT_SHOT;
-	struct xvs_pkt *p = &sc->pkt;
-
-	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	return ct_get(XVS_CT_TABLE_ESTABLISHED, &ck) ? TC_ACT_OK : TC_ACT_SHOT;
+	return keyed(skb, &ck) && ct_get(XVS_CT_TABLE_ESTABLISHED, &ck) ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
 /* 4: + the whole conntrack decision (flow_process on a hit: the clock,
@@ -137,15 +145,9 @@ int helper_fib(struct __sk_buff *skb)
 SEC("tc")
 int helper_ct_direct(struct __sk_buff *skb)
 {
-	struct flow_scratch *sc = parsed(skb);
 	struct xvs_ct_key ck = {};
 
-	if (!sc)
-		return TC_ACT_SHOT;
-	struct xvs_pkt *p = &sc->pkt;
-
-	ct_key(&ck, p->saddr, p->daddr, p->sport, p->dport, p->proto, p->family);
-	return bpf_map_lookup_elem(&xvs_conntrack, &ck) ? TC_ACT_OK : TC_ACT_SHOT;
+	return keyed(skb, &ck) && bpf_map_lookup_elem(&xvs_conntrack, &ck) ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
 /* The clock every tracked packet reads. */
