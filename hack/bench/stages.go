@@ -279,11 +279,10 @@ func loadStages(pinPath string, objs *loader.Objects) (map[string]*ebpf.Program,
 			return nil, nil, fmt.Errorf("pinned map %s: %w", name, err)
 		}
 		ms.MaxEntries = info.MaxEntries
-		ms.Pinning = ebpf.PinNone
 		repl[name] = m
 	}
 	for _, ms := range spec.Maps {
-		ms.Pinning = ebpf.PinNone
+		ms.Pinning = ebpf.PinNone // the private load's pins are taken above
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
 	closeAll()

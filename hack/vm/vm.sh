@@ -56,7 +56,7 @@ VM_RUN=${VM_RUN:-^TestPriv}
 # whole corpus through it (make conformance-vm-*).
 VM_SKIP=${VM_SKIP:-^TestPriv(Kube|Conformance)}
 # Each suite's go test -timeout. Under TCG the agent suite (./cmd/xvs) on 6.1
-# takes about 25 minutes (2026-12-06: its real-traffic and fabric tests move
+# takes about 22 minutes of test time (2026-12-06: its real-traffic and fabric tests move
 # tens of MiB each way in both netfilter modes); 20m cut it off in CI.
 VM_TEST_TIMEOUT=${VM_TEST_TIMEOUT:-35m}
 

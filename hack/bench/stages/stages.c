@@ -131,17 +131,16 @@ int helper_fib(struct __sk_buff *skb)
 
 	if (bpf_skb_load_bytes(skb, off, &fib.ipv4_src, 4))
 		return TC_ACT_SHOT;
-	/* The bench's backends: 10.0.0.0/8, the flow's first one. */
+	/* Service 0's first backend (10.0.0.1): every backend of the bench
+	 * takes the same route (10.0.0.0/8). */
 	fib.ipv4_dst = bpf_htonl(0x0a000001);
 	return bpf_fib_lookup(skb, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_SUCCESS ? TC_ACT_OK
 										     : TC_ACT_SHOT;
 }
 
 /* The conntrack lookup of stage_lookup with the established table named
- * directly instead of reached through its xvs_ct_tables slot (the
- * verifier can inline a lookup in a map it knows; one in a map taken from
- * a map-in-map is a call through the map's operations). The parser
- * included. */
+ * directly instead of reached through its xvs_ct_tables slot: the
+ * difference is what the slot costs. The parser included. */
 SEC("tc")
 int helper_ct_direct(struct __sk_buff *skb)
 {
