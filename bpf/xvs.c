@@ -356,6 +356,58 @@ int xvs_sock_getpeername6(struct bpf_sock_addr *ctx)
 	return sock_reverse(ctx, true);
 }
 
+/* `xvs explain --from-host`: the socket hooks' decision (sock_decide) for
+ * the destination of a crafted packet, since cgroup socket programs cannot
+ * be test-run. Only the explainer (maps.Explainer) loads it, over copies of
+ * the maps; the agent never does (loader's toolPrograms). The outcome is
+ * left where the explainer reads the packet path's: the verdict counted (a
+ * hook's: sock_connect, sock_refused or sock_dropped; pass when the hooks
+ * leave the socket alone), and in the scratch space the frontend's key,
+ * the backend (rw.daddr, rw.dport; entry.backend_id) and the admission's
+ * reason (res.verdict). */
+SEC("tc")
+int xvs_explain_sock(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	const struct xvs_config *cfg = bpf_map_lookup_elem(&xvs_node_config, &zero);
+	struct flow_scratch *sc = flow_scratch();
+	bool v6 = skb->protocol == bpf_htons(ETH_P_IPV6);
+
+	if (!cfg || !sc || tc_parse(skb, ETH_HLEN, v6, &sc->pkt) != XVS_PARSE_OK)
+		return verdict(TC_ACT_OK, XVS_V_PASS_MALFORMED, skb);
+	if (!sock_serves(cfg, sc->pkt.proto))
+		return verdict(TC_ACT_OK, cfg_draining(cfg) ? XVS_V_PASS_DRAINING : XVS_V_PASS, skb);
+
+	struct xvs_pkt *p = &sc->pkt;
+	struct flow_res *res = &sc->res;
+	struct xvs_svc_value *svc = NULL;
+	struct xvs_backend *be = NULL;
+	__be16 dport = p->dport;
+	__u8 proto = p->proto, daddr[16];
+
+	__builtin_memcpy(daddr, p->daddr, 16);
+	sock_pkt(p, cfg, v6, daddr, dport, proto);
+	switch (sock_decide(p, &res->key, &svc, &be, &sc->entry.backend_id, &res->verdict)) {
+	case XVS_ACT_NEW:
+		break;
+	case XVS_ACT_PASS:
+		return verdict(TC_ACT_OK, XVS_V_PASS, skb);
+	case XVS_ACT_REJECT:
+		stats_verdict(XVS_V_SOCK_REFUSED, 0);
+		return TC_ACT_SHOT;
+	default:
+		stats_verdict(XVS_V_SOCK_DROPPED, 0);
+		return TC_ACT_SHOT;
+	}
+	if (!be)
+		return TC_ACT_SHOT; /* for the verifier: set with XVS_ACT_NEW */
+	__builtin_memcpy(res->rw.saddr, p->saddr, 16);
+	__builtin_memcpy(res->rw.daddr, be->addr, 16);
+	res->rw.dport = be->port;
+	stats_verdict(XVS_V_SOCK_CONNECT, 0);
+	return TC_ACT_OK;
+}
+
 /* Enums that only travel through u8/u16 fields never reach BTF on their
  * own; these unused pointers put them there so bpf2go emits them for Go. */
 const enum xvs_kind *_unused_kind __attribute__((unused));

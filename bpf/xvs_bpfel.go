@@ -466,6 +466,7 @@ const (
 	XvsMapXvsSourceRanges      = "xvs_source_ranges"
 	XvsMapXvsSvcStats          = "xvs_svc_stats"
 	XvsMapXvsVerdicts          = "xvs_verdicts"
+	XvsProgXvsExplainSock      = "xvs_explain_sock"
 	XvsProgXvsSockConnect4     = "xvs_sock_connect4"
 	XvsProgXvsSockConnect6     = "xvs_sock_connect6"
 	XvsProgXvsSockGetpeername4 = "xvs_sock_getpeername4"
@@ -558,6 +559,7 @@ type XvsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type XvsProgramSpecs struct {
+	XvsExplainSock      *ebpf.ProgramSpec `ebpf:"xvs_explain_sock"`
 	XvsSockConnect4     *ebpf.ProgramSpec `ebpf:"xvs_sock_connect4"`
 	XvsSockConnect6     *ebpf.ProgramSpec `ebpf:"xvs_sock_connect6"`
 	XvsSockGetpeername4 *ebpf.ProgramSpec `ebpf:"xvs_sock_getpeername4"`
@@ -777,6 +779,7 @@ type XvsVariables struct {
 //
 // It can be passed to LoadXvsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type XvsPrograms struct {
+	XvsExplainSock      *ebpf.Program `ebpf:"xvs_explain_sock"`
 	XvsSockConnect4     *ebpf.Program `ebpf:"xvs_sock_connect4"`
 	XvsSockConnect6     *ebpf.Program `ebpf:"xvs_sock_connect6"`
 	XvsSockGetpeername4 *ebpf.Program `ebpf:"xvs_sock_getpeername4"`
@@ -796,6 +799,7 @@ type XvsPrograms struct {
 
 func (p *XvsPrograms) Close() error {
 	return _XvsClose(
+		p.XvsExplainSock,
 		p.XvsSockConnect4,
 		p.XvsSockConnect6,
 		p.XvsSockGetpeername4,

@@ -15,9 +15,10 @@ import (
 // program over copies of the agent's maps) is taken, and once the probe
 // has passed (its outcome is then the expectation) the answer must say
 // the same: a translation to one of the expected members, or the REJECT,
-// DROP or PASS observed. Host probes go through the socket hooks, which
-// explain does not run; probes with a fixed source port would need that
-// port's conntrack state, which the tries themselves change.
+// DROP or PASS observed. Host probes are explained as the socket hooks
+// decide (xvs explain --from-host); other probes with a fixed source port
+// would need that port's conntrack state, which the tries themselves
+// change (a host socket has no conntrack entry).
 
 // explainer is the run's maps.Explainer, its copies refreshed from the
 // scenario's agent at every probe step (the program is loaded once a run:
@@ -50,14 +51,19 @@ func (r *scenarioRun) explainer() (*maps.Explainer, string) {
 // explainFor explains a probe's first packet, or returns nil when the
 // check does not apply.
 func explainFor(x *maps.Explainer, xerr string, p *Probe, c client) (*maps.Explanation, string) {
-	if (x == nil && xerr == "") || c.role == RoleHost || p.SourcePort != 0 || (p.proto != "TCP" && p.proto != "UDP") {
+	host := c.role == RoleHost
+	if (x == nil && xerr == "") || (p.SourcePort != 0 && !host) || (p.proto != "TCP" && p.proto != "UDP") {
 		return nil, ""
 	}
 	if x == nil {
 		return nil, xerr // the explainer could not be made
 	}
 	proto, _ := model.ParseProtocol(p.proto)
-	e, err := x.Explain(maps.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto})
+	pkt := maps.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto}
+	if host {
+		pkt = maps.ExplainPacket{FromHost: true, To: p.to, Proto: proto}
+	}
+	e, err := x.Explain(pkt)
 	if err != nil {
 		return nil, "ERROR: " + err.Error()
 	}

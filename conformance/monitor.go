@@ -44,7 +44,11 @@ const monitorWait = time.Second
 // checkMonitor looks for the probe's event among those written since the
 // last check.
 func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *maps.Explanation) {
-	want := fmt.Sprintf("%s event %s from %s to %s", x.Action, x.Verdict, c.src, p.to)
+	src := c.src
+	if x.Host {
+		src = x.Source.Addr() // the hooks report the node's address
+	}
+	want := fmt.Sprintf("%s event %s from %s to %s", x.Action, x.Verdict, src, p.to)
 	m, merr := r.monitor()
 	if m == nil {
 		r.reportMonitor(step, p.Name, want, merr, false)
@@ -61,7 +65,7 @@ func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *maps.Explana
 			r.reportMonitor(step, p.Name, want, "ERROR: "+err.Error(), false)
 			return
 		}
-		if ev.Source.Addr() == c.src && ev.Destination == p.to && ev.Protocol == p.proto {
+		if ev.Source.Addr() == src && ev.Destination == p.to && ev.Protocol == p.proto {
 			if ev.Type == x.Action && ev.Reason == x.Verdict {
 				r.reportMonitor(step, p.Name, want, fmt.Sprintf("%s event %s from %s to %s", ev.Type, ev.Reason, ev.Source, ev.Destination), true)
 				// The probe's other tries' events stay queued; the

@@ -388,8 +388,9 @@ func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
 	if !found {
 		return
 	}
-	b.WriteString("\n## xvs explain and xvs monitor against the probes (ebpf)\n\nBefore each passing probe from a pod or an outside client (TCP, UDP, no fixed source port), `xvs explain`\n" +
-		"ran the datapath's program over copies of the agent's maps; it agrees when it names the outcome the probe met (a\n" +
+	b.WriteString("\n## xvs explain and xvs monitor against the probes (ebpf)\n\nBefore each passing TCP or UDP probe, `xvs explain` ran the datapath's program over copies of the\n" +
+		"agent's maps (for a probe from the node itself, `--from-host`: the socket hooks' decision; from elsewhere, the tc\n" +
+		"program, for probes without a fixed source port); it agrees when it names the outcome the probe met (a\n" +
 		"translation to an expected member, or the REJECT, DROP or PASS). Where it said DROP or REJECT, `xvs monitor` (reading\n" +
 		"the agent's event ring throughout) must have reported the probe's packet with the same reason. Agreed / asked.\n\n")
 	tableHead(b, runs, "")

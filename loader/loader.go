@@ -139,8 +139,11 @@ func (o *Objects) Close() error {
 var (
 	l3Programs  = []string{"xvs_tc_ingress_l3", "xvs_tc_egress_l3"}
 	xdpPrograms = []string{"xvs_xdp"}
-	// lazyPrograms are every group's.
-	lazyPrograms = slices.Concat(l3Programs, xdpPrograms)
+	// toolPrograms are never the agent's: xvs explain loads them over
+	// copies of the maps (maps.Explainer).
+	toolPrograms = []string{"xvs_explain_sock"}
+	// lazyPrograms are every group's, and the tools'.
+	lazyPrograms = slices.Concat(l3Programs, xdpPrograms, toolPrograms)
 )
 
 // Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so

@@ -24,11 +24,17 @@ import (
 // stay in the copies.
 
 // ExplainPacket is the packet to explain: a TCP SYN (or, with Established,
-// an ACK) or a UDP or SCTP datagram from From to To.
+// an ACK) or a UDP or SCTP datagram from From to To; or, with FromHost, a
+// socket of the node itself connecting (or sending) to To.
 type ExplainPacket struct {
 	From, To    netip.AddrPort
 	Proto       model.Protocol
 	Established bool
+	// FromHost: a socket of the node's own network namespace, whose
+	// connect() or sendmsg() the socket hooks balance before any packet
+	// exists (From is not used: the node's address stands in, as in the
+	// hooks).
+	FromHost bool
 	// Ifindex is the interface the packet arrives on (0: none; routes are
 	// then looked up as for a packet of no interface).
 	Ifindex uint32
@@ -57,6 +63,10 @@ type Explanation struct {
 	Masquerade string         `json:",omitempty"`
 	// LocalDelivery: the backend is this node's own address.
 	LocalDelivery bool `json:",omitempty"`
+	// Host: the socket hooks' decision (ExplainPacket.FromHost); Cause is
+	// then the admission's verdict behind a refusal or a drop.
+	Host  bool   `json:",omitempty"`
+	Cause string `json:",omitempty"`
 }
 
 // tcActions are linux/pkt_cls.h's TC_ACT_* the program returns.
@@ -79,7 +89,11 @@ func Explain(pinPath string, p ExplainPacket) (*Explanation, error) {
 // cursors, least-connection counts) in the copies, so that a sequence of
 // packets is explained as the datapath would meet it.
 type Explainer struct {
-	prog   *ebpf.Program
+	prog *ebpf.Program
+	// host runs the socket hooks' decision (xvs_explain_sock), loaded
+	// from spec on the first FromHost packet.
+	host   *ebpf.Program
+	spec   *ebpf.CollectionSpec
 	clones map[string]*ebpf.Map
 	// live are the pinned maps a packet's own entries are read from.
 	live map[string]*ebpf.Map
@@ -93,7 +107,7 @@ func NewExplainer(pinPath string) (_ *Explainer, err error) {
 		return nil, err
 	}
 	for name := range spec.Programs {
-		if name != "xvs_tc_ingress" {
+		if name != "xvs_tc_ingress" && name != hostProgram {
 			delete(spec.Programs, name)
 		}
 	}
@@ -124,26 +138,46 @@ func NewExplainer(pinPath string) (_ *Explainer, err error) {
 			return nil, fmt.Errorf("explain: slot of %s: %w", name, err)
 		}
 	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: x.clones})
-	if err != nil {
-		var verr *ebpf.VerifierError
-		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("explain: load program: %+v", verr)
-		}
-		return nil, fmt.Errorf("explain: load program: %w", err)
+	x.spec = spec
+	if x.prog, err = x.load("xvs_tc_ingress"); err != nil {
+		return nil, err
 	}
-	x.prog = coll.DetachProgram("xvs_tc_ingress")
-	coll.Close()
 	if err := x.Refresh(pinPath); err != nil {
 		return nil, err
 	}
 	return x, nil
 }
 
-// Close releases the program and the copies.
+// hostProgram is the socket hooks' decision as a program that can be
+// test-run (bpf/xvs.c).
+const hostProgram = "xvs_explain_sock"
+
+// load loads one of spec's programs over the copies.
+func (x *Explainer) load(name string) (*ebpf.Program, error) {
+	s := x.spec.Copy()
+	for n := range s.Programs {
+		if n != name {
+			delete(s.Programs, n)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{MapReplacements: x.clones})
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return nil, fmt.Errorf("explain: load %s: %+v", name, verr)
+		}
+		return nil, fmt.Errorf("explain: load %s: %w", name, err)
+	}
+	defer coll.Close()
+	return coll.DetachProgram(name), nil
+}
+
+// Close releases the programs and the copies.
 func (x *Explainer) Close() {
-	if x.prog != nil {
-		x.prog.Close()
+	for _, p := range []*ebpf.Program{x.prog, x.host} {
+		if p != nil {
+			p.Close()
+		}
 	}
 	for _, m := range x.clones {
 		m.Close()
@@ -165,6 +199,9 @@ func (x *Explainer) Forget() {
 
 // Explain runs the program once on p.
 func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
+	if p.FromHost {
+		return x.explainHost(p)
+	}
 	if p.From.Addr().Unmap().Is4() != p.To.Addr().Unmap().Is4() {
 		return nil, errors.New("explain: source and destination are of different families")
 	}
@@ -184,13 +221,99 @@ func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
 	if err := ZeroPerCPU[xbpf.XvsFlowScratch](x.clones[xbpf.XvsMapXvsScratch], []uint32{0}); err != nil {
 		return nil, err
 	}
-	out := make([]byte, len(pkt)+256)
-	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbContext{IngressIfindex: p.Ifindex}, Repeat: 1}
-	ret, err := x.prog.Run(opts)
+	ret, err := x.run(x.prog, pkt, p.Ifindex)
 	if err != nil {
-		return nil, fmt.Errorf("explain: run program: %w", err)
+		return nil, err
 	}
 	return readExplanation(x.clones, ret, p)
+}
+
+// run runs prog once on pkt, with only this run's verdict and decision in
+// the copies afterwards (the run may take another CPU than the last).
+func (x *Explainer) run(prog *ebpf.Program, pkt []byte, ifindex uint32) (uint32, error) {
+	verdicts := x.clones[xbpf.XvsMapXvsVerdicts]
+	if err := ZeroPerCPU[xbpf.Stats](verdicts, indices(verdicts.MaxEntries())); err != nil {
+		return 0, err
+	}
+	if err := ZeroPerCPU[xbpf.XvsFlowScratch](x.clones[xbpf.XvsMapXvsScratch], []uint32{0}); err != nil {
+		return 0, err
+	}
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbContext{IngressIfindex: ifindex}, Repeat: 1}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		return 0, fmt.Errorf("explain: run program: %w", err)
+	}
+	return ret, nil
+}
+
+// explainHost runs the socket hooks' decision for a socket of the node
+// addressing p.To, over the copies with the node's own affinity entries
+// (the hooks' client is the node's address).
+func (x *Explainer) explainHost(p ExplainPacket) (*Explanation, error) {
+	if x.host == nil {
+		prog, err := x.load(hostProgram)
+		if err != nil {
+			return nil, err
+		}
+		x.host = prog
+	}
+	var cfg xbpf.NodeConf
+	if err := x.clones[xbpf.XvsMapXvsNodeConfig].Lookup(uint32(0), &cfg); err != nil {
+		return nil, fmt.Errorf("explain: node settings: %w", err)
+	}
+	node := cfg.SnatAddr4
+	if !p.To.Addr().Unmap().Is4() {
+		node = cfg.SnatAddr6
+	}
+	fam := uint8(xbpf.FamilyIPv4)
+	if !p.To.Addr().Unmap().Is4() {
+		fam = xbpf.FamilyIPv6
+	}
+	from := netip.AddrPortFrom(DecodeAddr(node, fam), 0)
+	if err := x.seed(ExplainPacket{From: from, To: p.To, Proto: p.Proto}); err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	pkt, err := explainFrame(ExplainPacket{From: from, To: p.To, Proto: p.Proto})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := x.run(x.host, pkt, 0); err != nil {
+		return nil, err
+	}
+	e := &Explanation{Host: true, Source: from}
+	if err := readVerdict(x.clones, e); err != nil {
+		return nil, err
+	}
+	switch e.Verdict {
+	case VerdictName(xbpf.XvsXvsVerdictXVS_V_SOCK_CONNECT):
+		e.Action = "translate"
+	case VerdictName(xbpf.XvsXvsVerdictXVS_V_SOCK_REFUSED):
+		e.Action = "reject"
+	case VerdictName(xbpf.XvsXvsVerdictXVS_V_SOCK_DROPPED):
+		e.Action = "drop"
+	default:
+		e.Action = "pass"
+	}
+	if cfg.NetnsCookie == 0 {
+		// The hooks serve no network namespace (sock_config): every
+		// socket is left to the packet path.
+		e.Action, e.Verdict = "pass", VerdictName(xbpf.XvsXvsVerdictXVS_V_PASS)
+		return e, nil
+	}
+	sc, err := readScratch(x.clones)
+	if err != nil || sc == nil || e.Action == "pass" {
+		return e, err // pass: the key was looked up and not found
+	}
+	e.Frontend, e.Scope = frontendOf(sc.Res.Key)
+	switch e.Action {
+	case "translate":
+		e.Backend = netip.AddrPortFrom(DecodeAddr(sc.Res.Rw.Daddr, fam), Ntohs(sc.Res.Rw.Dport))
+		e.BackendID = sc.Entry.BackendId
+	case "reject", "drop":
+		e.Cause = VerdictName(xbpf.Verdict(sc.Res.Verdict))
+	}
+	return e, nil
 }
 
 // seed empties the copies of the flows' and affinity tables and puts in
@@ -450,17 +573,7 @@ func explainCtKey(p ExplainPacket) xbpf.CtKey {
 // conntrack entry.
 func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (*Explanation, error) {
 	x := &Explanation{}
-	per := []xbpf.Stats{}
-	var v uint32
-	it := clones[xbpf.XvsMapXvsVerdicts].Iterate()
-	for it.Next(&v, &per) {
-		for _, s := range per {
-			if s.PacketsIn > 0 {
-				x.Verdict = VerdictName(xbpf.Verdict(v))
-			}
-		}
-	}
-	if err := it.Err(); err != nil {
+	if err := readVerdict(clones, x); err != nil {
 		return nil, err
 	}
 	x.Action = tcActions[ret]
@@ -476,21 +589,12 @@ func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (
 	}
 	x.Tracked = x.Verdict == VerdictName(xbpf.XvsXvsVerdictXVS_V_FWD_ESTABLISHED)
 
-	var scratch []xbpf.XvsFlowScratch
-	if err := clones[xbpf.XvsMapXvsScratch].Lookup(uint32(0), &scratch); err != nil {
-		return nil, fmt.Errorf("read the decision: %w", err)
+	sc, err := readScratch(clones)
+	if err != nil {
+		return nil, err
 	}
-	for _, sc := range scratch {
-		if sc.Pkt.Len == 0 {
-			continue // another CPU's
-		}
-		if k := sc.Res.Key; k.Port != 0 {
-			x.Frontend = netip.AddrPortFrom(DecodeAddr(k.Addr, k.Family), Ntohs(k.Port)).String() + "/" + model.Protocol(k.Proto).String()
-			x.Scope = "policy"
-			if k.Scope == uint8(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) {
-				x.Scope = "short-circuit"
-			}
-		}
+	if sc != nil {
+		x.Frontend, x.Scope = frontendOf(sc.Res.Key)
 		if x.Action == "translate" {
 			fam := sc.Pkt.Family
 			x.Backend = netip.AddrPortFrom(DecodeAddr(sc.Res.Rw.Daddr, fam), Ntohs(sc.Res.Rw.Dport))
@@ -520,6 +624,49 @@ func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (
 	}
 	x.LocalDelivery = flag(xbpf.XvsXvsCtFlagsXVS_CT_F_HOST)
 	return x, nil
+}
+
+// readVerdict sets x.Verdict to the verdict the run counted.
+func readVerdict(clones map[string]*ebpf.Map, x *Explanation) error {
+	per := []xbpf.Stats{}
+	var v uint32
+	it := clones[xbpf.XvsMapXvsVerdicts].Iterate()
+	for it.Next(&v, &per) {
+		for _, s := range per {
+			if s.PacketsIn > 0 {
+				x.Verdict = VerdictName(xbpf.Verdict(v))
+			}
+		}
+	}
+	return it.Err()
+}
+
+// readScratch returns the run's scratch space (the CPU's that ran it: the
+// only one with a packet), or nil.
+func readScratch(clones map[string]*ebpf.Map) (*xbpf.XvsFlowScratch, error) {
+	var scratch []xbpf.XvsFlowScratch
+	if err := clones[xbpf.XvsMapXvsScratch].Lookup(uint32(0), &scratch); err != nil {
+		return nil, fmt.Errorf("read the decision: %w", err)
+	}
+	for i := range scratch {
+		if scratch[i].Pkt.Family != 0 {
+			return &scratch[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// frontendOf names the frontend of a service key ("" when none matched)
+// and the scope it was used in.
+func frontendOf(k xbpf.SvcKey) (frontend, scope string) {
+	if k.Port == 0 {
+		return "", ""
+	}
+	frontend = netip.AddrPortFrom(DecodeAddr(k.Addr, k.Family), Ntohs(k.Port)).String() + "/" + model.Protocol(k.Proto).String()
+	if k.Scope == uint8(xbpf.XvsXvsScopeXVS_SCOPE_SHORT_CIRCUIT) {
+		return frontend, "short-circuit"
+	}
+	return frontend, "policy"
 }
 
 func isReject(v string) bool {
@@ -560,6 +707,9 @@ var verdictReasons = map[string]string{
 	"reject_frag_needed":          "too big for the path to the backend and may not be fragmented: answered with frag-needed",
 	"pass_frag_needed":            "too big for the path to the backend: left to the stack to fragment",
 	"pass_draining":               "xvs is draining (xvs cleanup --drain): a new flow is left to the node's netfilter rules",
+	"host_socket_balanced":        "a socket of the node to a frontend: the socket hooks connect it straight to a backend (no per-packet NAT, no conntrack entry)",
+	"host_socket_refused":         "a socket of the node to a frontend that rejects: connect() or sendmsg() fails at once with ECONNREFUSED",
+	"host_socket_dropped":         "a socket of the node to a frontend that drops: connect() or sendmsg() fails at once with ETIMEDOUT",
 }
 
 // Reason is the verdict in words.

@@ -106,6 +106,58 @@ static __always_inline int sock_fail(const struct xvs_pkt *p, __u32 v, int err)
 	return SOCK_DENY;
 }
 
+/* Does the socket balancer take a host socket of this protocol? Not while
+ * xvs drains (netfilter's rules serve the node then). */
+static __always_inline bool sock_serves(const struct xvs_config *cfg, __u8 proto)
+{
+	return !cfg_draining(cfg) && (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* The packet the decision sees for a host socket addressing daddr:dport:
+ * from the node's own address, without a source port (the socket may not
+ * have one yet). */
+static __always_inline void sock_pkt(struct xvs_pkt *p, const struct xvs_config *cfg, bool v6,
+				     const __u8 daddr[16], __be16 dport, __u8 proto)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	p->dport = dport;
+	p->proto = proto;
+	p->family = v6 ? XVS_FAMILY_IPV6 : XVS_FAMILY_IPV4;
+	p->scan_slot = LB_SCAN_SOCKET;
+	p->has_l4 = true;
+	__builtin_memcpy(p->saddr, v6 ? cfg->snat_addr6 : cfg->snat_addr4, 16);
+	__builtin_memcpy(p->daddr, daddr, 16);
+}
+
+/* The socket balancer's decision for a new host socket addressing p's
+ * destination: XVS_ACT_PASS (not a frontend: the packet path sees what
+ * follows), XVS_ACT_NEW with the backend (*be, *backend_id) and the
+ * frontend's entry (*svcp) set, or XVS_ACT_DROP or XVS_ACT_REJECT with
+ * *verdict the reason. The node itself is an in-cluster client. The one
+ * decision of the hooks (sock_balance) and of `xvs explain --from-host`
+ * (xvs_explain_sock, which can run where cgroup programs cannot be
+ * test-run). */
+static __always_inline int sock_decide(const struct xvs_pkt *p, struct xvs_svc_key *key,
+				       struct xvs_svc_value **svcp, struct xvs_backend **be,
+				       __u32 *backend_id, __u32 *verdict)
+{
+	struct xvs_svc_value *svc = flow_frontend(p, key);
+	int act;
+
+	if (!svc)
+		return XVS_ACT_PASS;
+	act = flow_admit(p, key, &svc, true, verdict);
+	if (act != XVS_ACT_NEW)
+		return act;
+	*svcp = svc;
+	*be = flow_choose(p, key, svc, bpf_ktime_get_ns(), backend_id);
+	if (!*be) {
+		*verdict = XVS_V_DROP_NO_BACKEND;
+		return XVS_ACT_DROP;
+	}
+	return XVS_ACT_NEW;
+}
+
 /* Choose the backend for a host socket addressing ctx's destination and
  * rewrite the destination; returns the hook's verdict. */
 static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, bool v6)
@@ -113,19 +165,14 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	const struct xvs_config *cfg = sock_config(ctx);
 	__u8 proto = ctx->protocol;
 
-	if (!cfg || cfg_draining(cfg) || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
+	if (!cfg || !sock_serves(cfg, proto))
 		return SOCK_ALLOW;
 
-	struct xvs_pkt p = {
-		.dport = (__be16)ctx->user_port,
-		.proto = proto,
-		.family = v6 ? XVS_FAMILY_IPV6 : XVS_FAMILY_IPV4,
-		.scan_slot = LB_SCAN_SOCKET,
-		.has_l4 = true,
-	};
+	struct xvs_pkt p;
+	__u8 daddr[16];
 
-	__builtin_memcpy(p.saddr, v6 ? cfg->snat_addr6 : cfg->snat_addr4, 16);
-	sock_get_ip(ctx, v6, p.daddr);
+	sock_get_ip(ctx, v6, daddr);
+	sock_pkt(&p, cfg, v6, daddr, (__be16)ctx->user_port, proto);
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct xvs_sock_key k = {};
 	struct xvs_sock_value *have;
@@ -140,27 +187,24 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	}
 
 	struct xvs_svc_key key = {};
-	struct xvs_svc_value *svc = flow_frontend(&p, &key);
-	__u32 v = 0;
+	struct xvs_svc_value *svc = NULL;
+	struct xvs_backend *be = NULL;
+	__u32 backend_id = 0, v = 0;
 
-	if (!svc)
-		return SOCK_ALLOW; /* not a frontend; tc sees what follows */
-	/* The node itself is an in-cluster client. A connection the packet
-	 * path would drop times out; one it would reject is refused. */
-	switch (flow_admit(&p, &key, &svc, true, &v)) {
+	/* A connection the packet path would drop times out; one it would
+	 * reject is refused. */
+	switch (sock_decide(&p, &key, &svc, &be, &backend_id, &v)) {
 	case XVS_ACT_NEW:
 		break;
+	case XVS_ACT_PASS:
+		return SOCK_ALLOW; /* not a frontend; tc sees what follows */
 	case XVS_ACT_REJECT:
 		return sock_fail(&p, XVS_V_SOCK_REFUSED, ECONNREFUSED);
 	default:
 		return sock_fail(&p, XVS_V_SOCK_DROPPED, ETIMEDOUT);
 	}
-
-	__u32 backend_id = 0;
-	struct xvs_backend *be = flow_choose(&p, &key, svc, bpf_ktime_get_ns(), &backend_id);
-
-	if (!be)
-		return sock_fail(&p, XVS_V_SOCK_DROPPED, ETIMEDOUT);
+	if (!svc || !be)
+		return SOCK_ALLOW; /* for the verifier: set with XVS_ACT_NEW */
 
 	struct xvs_sock_value fwd = {.port = be->port}, rev = {.port = p.dport};
 

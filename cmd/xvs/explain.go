@@ -21,7 +21,8 @@ import (
 func runExplain(args []string) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
-	from := fs.String("from", "", "the client, ADDR:PORT (required)")
+	from := fs.String("from", "", "the client, ADDR:PORT (required unless --from-host)")
+	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): the socket hooks' decision at its connect() or sendmsg()")
 	to := fs.String("to", "", "the destination, ADDR:PORT[/tcp|udp|sctp] (required; TCP when no protocol is given)")
 	established := fs.Bool("established", false, "TCP: a segment of an open connection (an ACK) instead of a SYN")
 	dev := fs.String("dev", "", "the interface the packet arrives on (routes are looked up from it)")
@@ -29,7 +30,7 @@ func runExplain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	p, err := explainPacket(*from, *to, *established, *dev)
+	p, err := explainPacket(*from, *to, *established, *dev, *fromHost)
 	if err != nil {
 		return err
 	}
@@ -52,14 +53,21 @@ func runExplain(args []string) error {
 	return fmt.Errorf("unknown output format %q", *output)
 }
 
-func explainPacket(from, to string, established bool, dev string) (maps.ExplainPacket, error) {
-	var p maps.ExplainPacket
-	if from == "" || to == "" {
-		return p, fmt.Errorf("--from and --to are required")
+func explainPacket(from, to string, established bool, dev string, fromHost bool) (maps.ExplainPacket, error) {
+	p := maps.ExplainPacket{FromHost: fromHost}
+	switch {
+	case to == "":
+		return p, fmt.Errorf("--to is required")
+	case fromHost && (from != "" || established || dev != ""):
+		return p, fmt.Errorf("--from-host takes none of --from, --established, --dev: a host socket is balanced at connect() or sendmsg(), from the node's own address")
+	case !fromHost && from == "":
+		return p, fmt.Errorf("--from (or --from-host) is required")
 	}
 	var err error
-	if p.From, err = netip.ParseAddrPort(from); err != nil {
-		return p, fmt.Errorf("--from: %w", err)
+	if !fromHost {
+		if p.From, err = netip.ParseAddrPort(from); err != nil {
+			return p, fmt.Errorf("--from: %w", err)
+		}
 	}
 	addr, proto, _ := strings.Cut(to, "/")
 	if p.To, err = netip.ParseAddrPort(addr); err != nil {
@@ -70,6 +78,9 @@ func explainPacket(from, to string, established bool, dev string) (maps.ExplainP
 		if p.Proto, err = model.ParseProtocol(strings.ToUpper(proto)); err != nil {
 			return p, fmt.Errorf("--to: %w", err)
 		}
+	}
+	if fromHost && p.Proto != model.TCP && p.Proto != model.UDP {
+		return p, fmt.Errorf("--from-host: the socket hooks balance TCP and UDP only")
 	}
 	p.Established = established && p.Proto == model.TCP
 	if dev != "" {
@@ -83,6 +94,10 @@ func explainPacket(from, to string, established bool, dev string) (maps.ExplainP
 }
 
 func printExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
+	if x.Host {
+		printHostExplanation(w, p, x)
+		return
+	}
 	kind := "a new connection"
 	switch {
 	case p.Proto != model.TCP:
@@ -112,6 +127,27 @@ func printExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
 		default:
 			fmt.Fprintf(w, "source    %s, kept\n", x.Source)
 		}
+	default:
+		fmt.Fprintf(w, "outcome   %s\n", x.Action)
+	}
+}
+
+// printHostExplanation prints the socket hooks' decision for a socket of
+// the node.
+func printHostExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
+	fmt.Fprintf(w, "socket    this node (%s) -> %s/%s (a host socket's connect() or sendmsg())\n", x.Source.Addr(), p.To, p.Proto)
+	if x.Frontend != "" {
+		fmt.Fprintf(w, "frontend  %s, %s endpoints\n", x.Frontend, x.Scope)
+	}
+	fmt.Fprintf(w, "verdict   %s: %s\n", x.Verdict, x.Reason())
+	if x.Cause != "" {
+		fmt.Fprintf(w, "because   %s: %s\n", x.Cause, (&maps.Explanation{Verdict: x.Cause}).Reason())
+	}
+	switch x.Action {
+	case "translate":
+		fmt.Fprintf(w, "backend   %s (backend id %d): the socket's peer; getpeername() and recvmsg() still show the frontend\n", x.Backend, x.BackendID)
+	case "pass":
+		fmt.Fprintln(w, "outcome   the socket is left alone: its packets take the node's path (netfilter, routes, xvs's tc programs on the way out)")
 	default:
 		fmt.Fprintf(w, "outcome   %s\n", x.Action)
 	}

@@ -85,4 +85,48 @@ func TestPrivExplainLive(t *testing.T) {
 		t.Fatalf("xvs explain: %v\n%s", err, text)
 	}
 	t.Logf("xvs explain:\n%s", text)
+
+	// A socket of the node itself: the socket hooks' decision. With
+	// round robin each answer names the pod the next real connection
+	// from the node reaches (nothing else moves the cursor meanwhile, and
+	// explaining moves only the copies').
+	reprogram(t, w, harness.DemoPodIPs, harness.ServiceOpts{Annotations: map[string]string{"xvs.io/scheduler": "rr"}}, "rr")
+	for i := range 4 {
+		x := explain("--from-host", "--to", tcp.String())
+		if !x.Host || x.Action != "translate" || x.Verdict != "host_socket_balanced" || x.Frontend != tcp.String()+"/TCP" ||
+			!slices.Contains(harness.DemoPodIPs, x.Backend.Addr()) {
+			t.Fatalf("a host socket explained as %+v", x)
+		}
+		reply, c, err := lab.DialTCP(w.Node.NS, harness.DemoNodeIP, tcp, 2*time.Second)
+		if err != nil {
+			t.Fatalf("a real connection from the node: %v", err)
+		}
+		c.Close()
+		if reply.Local != x.Backend {
+			t.Fatalf("connection %d from the node reached %s, explained as %s", i, reply.Local, x.Backend)
+		}
+	}
+	if x := explain("--from-host", "--to", other.String()); !x.Host || x.Action != "pass" || x.Frontend != "" {
+		t.Fatalf("a host socket to an address no Service has explained as %+v", x)
+	}
+	text, err = lab.Run(w.Node.NS, w.Bin, "explain", "--pin-path", w.PinPath, "--from-host", "--to", tcp.String())
+	if err != nil || !strings.Contains(string(text), "verdict   host_socket_balanced") || !strings.Contains(string(text), "backend   ") {
+		t.Fatalf("xvs explain --from-host: %v\n%s", err, text)
+	}
+	t.Logf("xvs explain --from-host:\n%s", text)
+
+	// Without endpoints the hooks refuse the connection at connect().
+	if err := w.WriteService(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitProgrammed(0, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if x := explain("--from-host", "--to", tcp.String()); x.Action != "reject" || x.Verdict != "host_socket_refused" ||
+		x.Cause != "reject_no_endpoints" {
+		t.Fatalf("a host socket to a Service without endpoints explained as %+v", x)
+	}
+	if r := lab.ProbeTCP(w.Node.NS, harness.DemoNodeIP, tcp, 2*time.Second); r.Verdict != lab.Refused {
+		t.Fatalf("a real connection from the node to a Service without endpoints: %v, want refused as explained", r)
+	}
 }
