@@ -75,7 +75,7 @@ func TestPrivExplainAgreesWithProgram(t *testing.T) {
 		if len(open) > 0 && rng.IntN(4) == 0 {
 			f, established = open[rng.IntN(len(open))], true
 		}
-		p := maps.ExplainPacket{From: f.from, To: f.d.to, Proto: f.d.proto, Established: established && f.d.proto == model.TCP}
+		p := model.ExplainPacket{From: f.from, To: f.d.to, Proto: f.d.proto, Established: established && f.d.proto == model.TCP}
 		ex, err := x.Explain(p)
 		if err != nil {
 			t.Fatal(err)

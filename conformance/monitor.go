@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // The monitor check: in ebpf mode, each probe whose explain check said the
@@ -43,7 +44,7 @@ const monitorWait = time.Second
 
 // checkMonitor looks for the probe's event among those written since the
 // last check.
-func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *maps.Explanation) {
+func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *model.Explanation) {
 	src := c.src
 	if x.Host {
 		src = x.Source.Addr() // the hooks report the node's address

@@ -377,7 +377,7 @@ func tableHead(b *bytes.Buffer, runs []*Results, leading ...string) {
 }
 
 // writeExplainChecks: how often xvs explain, asked before a probe, said
-// what the probe then met (ebpf runs; explain.go says which probes).
+// what the probe then met (explain.go says which probes).
 func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
 	found := false
 	for _, r := range runs {
@@ -388,11 +388,13 @@ func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
 	if !found {
 		return
 	}
-	b.WriteString("\n## xvs explain and xvs monitor against the probes (ebpf)\n\nBefore each passing TCP or UDP probe, `xvs explain` ran the datapath's program over copies of the\n" +
-		"agent's maps (for a probe from the node itself, `--from-host`: the socket hooks' decision; from elsewhere, the tc\n" +
-		"program, for probes without a fixed source port); it agrees when it names the outcome the probe met (a\n" +
-		"translation to an expected member, or the REJECT, DROP or PASS). Where it said DROP or REJECT, `xvs monitor` (reading\n" +
-		"the agent's event ring throughout) must have reported the probe's packet with the same reason. Agreed / asked.\n\n")
+	b.WriteString("\n## xvs explain and xvs monitor against the probes\n\nBefore each passing TCP or UDP probe (from elsewhere than the node: without a fixed source port), `xvs explain`\n" +
+		"was asked what the datapath does with it: in ebpf mode the datapath's own program over copies of the agent's maps\n" +
+		"(for a probe from the node itself, `--from-host`: the socket hooks' decision), in ipvs mode the kernel's virtual\n" +
+		"servers, IPVS connections and xvs's nftables sets, in the node's namespace. It agrees when it names the outcome the\n" +
+		"probe met (a translation to an expected member, every one of IPVS's candidates being one; or the REJECT, DROP or\n" +
+		"PASS). Where it said DROP or REJECT in ebpf mode, `xvs monitor` (reading the agent's event ring throughout) must\n" +
+		"have reported the probe's packet with the same reason. Agreed / asked.\n\n")
 	tableHead(b, runs, "")
 	for _, row := range []struct {
 		name string

@@ -14,6 +14,7 @@ import (
 
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // Options configure a run.
@@ -289,8 +290,8 @@ func (r *scenarioRun) report(step int, name, expected, observed, why string, pas
 
 func (r *scenarioRun) probes(step int, ps []Probe) {
 	ex, exErr := r.explainer()
-	if ex != nil {
-		defer ex.Forget()
+	if ex != nil && r.opts.explain != nil {
+		defer r.opts.explain.Forget()
 		// Listening before the probes run: their events are written as
 		// they are dropped.
 		r.monitor()
@@ -299,7 +300,7 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		p := &ps[i]
 		exp, why := r.sc.ExpectFor(r.opts.Mode, p)
 		aff := exp.Verdict == "" && affinityFor(r.w.objs.services(), r.sc.nodeAddrs, p.to, p.proto)
-		var x *maps.Explanation
+		var x *model.Explanation
 		var xerr string
 		if c, err := r.w.clientFor(p.From); err == nil {
 			x, xerr = explainFor(ex, exErr, p, c)
@@ -312,7 +313,7 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		case x != nil && pass:
 			got, ok := judgeExplain(x, exp, r.sc.closed)
 			r.reportExplain(step, p.Name, expectedString(p, exp, aff), got, ok)
-			if ok && (x.Action == "drop" || x.Action == "reject") {
+			if ok && (x.Action == "drop" || x.Action == "reject") && r.opts.Mode == ModeEBPF {
 				c, _ := r.w.clientFor(p.From)
 				r.checkMonitor(step, p, c, x)
 			}

@@ -57,7 +57,7 @@ func ParseConns(r io.Reader) ([]Conn, error) {
 		c := Conn{State: f[7]}
 		var err error
 		if c.Protocol, err = model.ParseProtocol(f[0]); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
+			continue // not a protocol of Services: a firewall-mark template ("IP") of another tool's virtual server
 		}
 		for i, dst := range []*netip.AddrPort{&c.Client, &c.Virtual, &c.Dest} {
 			if *dst, err = procAddrPort(f[1+2*i], f[2+2*i]); err != nil {

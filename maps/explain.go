@@ -23,58 +23,12 @@ import (
 // are only read: the run's conntrack entry, counters and scheduler cursor
 // stay in the copies.
 
-// ExplainPacket is the packet to explain: a TCP SYN (or, with Established,
-// an ACK) or a UDP or SCTP datagram from From to To; or, with FromHost, a
-// socket of the node itself connecting (or sending) to To.
-type ExplainPacket struct {
-	From, To    netip.AddrPort
-	Proto       model.Protocol
-	Established bool
-	// FromHost: a socket of the node's own network namespace, whose
-	// connect() or sendmsg() the socket hooks balance before any packet
-	// exists (From is not used: the node's address stands in, as in the
-	// hooks).
-	FromHost bool
-	// Ifindex is the interface the packet arrives on (0: none; routes are
-	// then looked up as for a packet of no interface).
-	Ifindex uint32
-}
-
-// Explanation is the program's answer.
-type Explanation struct {
-	// Verdict is the datapath's verdict (maps.VerdictName), Action what
-	// it does: "translate", "drop", "reject" or "pass".
-	Verdict, Action string
-	// Tracked: the packet belongs to a flow conntrack already has.
-	Tracked bool
-	// Frontend is the frontend the packet matched (none: not a
-	// Service's), Scope "policy" or "short-circuit" (an in-cluster client
-	// of an externalTrafficPolicy: Local frontend).
-	Frontend string `json:",omitempty"`
-	Scope    string `json:",omitempty"`
-	// Backend is where a translated packet goes, and BackendID its ID.
-	Backend   netip.AddrPort `json:",omitzero"`
-	BackendID uint32         `json:",omitempty"`
-	// Source is the translated packet's source; Masquerade says who
-	// masquerades it: "" (nobody), "xvs" (Source is the masquerade
-	// address), "netfilter" (the node's POSTROUTING rule, by mark), or
-	// "remap" (a port clash: the client's address with another port).
-	Source     netip.AddrPort `json:",omitzero"`
-	Masquerade string         `json:",omitempty"`
-	// LocalDelivery: the backend is this node's own address.
-	LocalDelivery bool `json:",omitempty"`
-	// Host: the socket hooks' decision (ExplainPacket.FromHost); Cause is
-	// then the admission's verdict behind a refusal or a drop.
-	Host  bool   `json:",omitempty"`
-	Cause string `json:",omitempty"`
-}
-
 // tcActions are linux/pkt_cls.h's TC_ACT_* the program returns.
 var tcActions = map[uint32]string{0: "pass", 2: "drop", 7: "redirect"}
 
 // Explain runs the tc ingress program on p over copies of the maps pinned
 // at pinPath.
-func Explain(pinPath string, p ExplainPacket) (*Explanation, error) {
+func Explain(pinPath string, p model.ExplainPacket) (*model.Explanation, error) {
 	x, err := NewExplainer(pinPath)
 	if err != nil {
 		return nil, err
@@ -198,7 +152,15 @@ func (x *Explainer) Forget() {
 }
 
 // Explain runs the program once on p.
-func (x *Explainer) Explain(p ExplainPacket) (*Explanation, error) {
+func (x *Explainer) Explain(p model.ExplainPacket) (*model.Explanation, error) {
+	e, err := x.explain(p)
+	if e != nil {
+		e.Why = VerdictReason(e.Verdict)
+	}
+	return e, err
+}
+
+func (x *Explainer) explain(p model.ExplainPacket) (*model.Explanation, error) {
 	if p.FromHost {
 		return x.explainHost(p)
 	}
@@ -250,7 +212,7 @@ func (x *Explainer) run(prog *ebpf.Program, pkt []byte, ifindex uint32) (uint32,
 // explainHost runs the socket hooks' decision for a socket of the node
 // addressing p.To, over the copies with the node's own affinity entries
 // (the hooks' client is the node's address).
-func (x *Explainer) explainHost(p ExplainPacket) (*Explanation, error) {
+func (x *Explainer) explainHost(p model.ExplainPacket) (*model.Explanation, error) {
 	if x.host == nil {
 		prog, err := x.load(hostProgram)
 		if err != nil {
@@ -271,17 +233,17 @@ func (x *Explainer) explainHost(p ExplainPacket) (*Explanation, error) {
 		fam = xbpf.FamilyIPv6
 	}
 	from := netip.AddrPortFrom(DecodeAddr(node, fam), 0)
-	if err := x.seed(ExplainPacket{From: from, To: p.To, Proto: p.Proto}); err != nil {
+	if err := x.seed(model.ExplainPacket{From: from, To: p.To, Proto: p.Proto}); err != nil {
 		return nil, fmt.Errorf("explain: %w", err)
 	}
-	pkt, err := explainFrame(ExplainPacket{From: from, To: p.To, Proto: p.Proto})
+	pkt, err := explainFrame(model.ExplainPacket{From: from, To: p.To, Proto: p.Proto})
 	if err != nil {
 		return nil, err
 	}
 	if _, err := x.run(x.host, pkt, 0); err != nil {
 		return nil, err
 	}
-	e := &Explanation{Host: true, Source: from}
+	e := &model.Explanation{Host: true, Source: from}
 	if err := readVerdict(x.clones, e); err != nil {
 		return nil, err
 	}
@@ -320,7 +282,7 @@ func (x *Explainer) explainHost(p ExplainPacket) (*Explanation, error) {
 // p's own conntrack entries (its flow, if conntrack has it) and its
 // client's affinity entries from the live maps: each packet is explained
 // against the live flows, not against what earlier explanations left.
-func (x *Explainer) seed(p ExplainPacket) error {
+func (x *Explainer) seed(p model.ExplainPacket) error {
 	for name := range seeded {
 		if err := copiers[name].clear(x.clones[name]); err != nil {
 			return err
@@ -562,7 +524,7 @@ func cloneTables(src, dst *ebpf.Map) error {
 	return it.Err()
 }
 
-func explainCtKey(p ExplainPacket) xbpf.CtKey {
+func explainCtKey(p model.ExplainPacket) xbpf.CtKey {
 	s, fam := EncodeAddr(p.From.Addr())
 	d, _ := EncodeAddr(p.To.Addr())
 	return xbpf.CtKey{Saddr: s, Daddr: d, Sport: Htons(p.From.Port()), Dport: Htons(p.To.Port()), Proto: uint8(p.Proto), Family: fam}
@@ -571,8 +533,8 @@ func explainCtKey(p ExplainPacket) xbpf.CtKey {
 // readExplanation reads the run's outcome back from the copies: the
 // verdict counted, the decision left in the scratch space, and the flow's
 // conntrack entry.
-func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (*Explanation, error) {
-	x := &Explanation{}
+func readExplanation(clones map[string]*ebpf.Map, ret uint32, p model.ExplainPacket) (*model.Explanation, error) {
+	x := &model.Explanation{}
 	if err := readVerdict(clones, x); err != nil {
 		return nil, err
 	}
@@ -627,7 +589,7 @@ func readExplanation(clones map[string]*ebpf.Map, ret uint32, p ExplainPacket) (
 }
 
 // readVerdict sets x.Verdict to the verdict the run counted.
-func readVerdict(clones map[string]*ebpf.Map, x *Explanation) error {
+func readVerdict(clones map[string]*ebpf.Map, x *model.Explanation) error {
 	per := []xbpf.Stats{}
 	var v uint32
 	it := clones[xbpf.XvsMapXvsVerdicts].Iterate()
@@ -712,10 +674,10 @@ var verdictReasons = map[string]string{
 	"host_socket_dropped":         "a socket of the node to a frontend that drops: connect() or sendmsg() fails at once with ETIMEDOUT",
 }
 
-// Reason is the verdict in words.
-func (x *Explanation) Reason() string {
-	if r, ok := verdictReasons[x.Verdict]; ok {
+// VerdictReason is a verdict in words.
+func VerdictReason(v string) string {
+	if r, ok := verdictReasons[v]; ok {
 		return r
 	}
-	return x.Verdict
+	return v
 }

@@ -11,7 +11,7 @@ import (
 // then a TCP SYN (an ACK when Established), a UDP datagram or an SCTP
 // common header, each with 8 bytes of payload and valid checksums (SCTP's
 // CRC32c is left zero: the datapath does not check it).
-func explainFrame(p ExplainPacket) ([]byte, error) {
+func explainFrame(p model.ExplainPacket) ([]byte, error) {
 	var l4 []byte
 	payload := []byte("xvs-expl")
 	switch p.Proto {

@@ -10,23 +10,27 @@ import (
 	"os"
 	"strings"
 
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
 // runExplain says what the live datapath would do with a packet, and why:
-// the datapath's own program, run once over copies of the pinned maps
-// (maps.Explain). Nothing the datapath holds changes.
+// in ebpf mode the datapath's own program, run once over copies of the
+// pinned maps (maps.Explain); in ipvs mode the kernel's virtual servers,
+// connections and xvs's rules (ipvs.Explain). Nothing the datapath holds
+// changes.
 func runExplain(args []string) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
 	from := fs.String("from", "", "the client, ADDR:PORT (required unless --from-host)")
-	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): the socket hooks' decision at its connect() or sendmsg()")
+	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): in ebpf mode the socket hooks' decision at its connect() or sendmsg()")
 	to := fs.String("to", "", "the destination, ADDR:PORT[/tcp|udp|sctp] (required; TCP when no protocol is given)")
 	established := fs.Bool("established", false, "TCP: a segment of an open connection (an ACK) instead of a SYN")
 	dev := fs.String("dev", "", "the interface the packet arrives on (routes are looked up from it)")
 	output := fs.String("o", "text", "output format: text or json")
+	mode := fs.String("proxy-mode", "auto", "datapath to explain: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,10 +38,16 @@ func runExplain(args []string) error {
 	if err != nil {
 		return err
 	}
-	if listMode("auto", *pinPath) != string(model.ModeEBPF) {
-		return fmt.Errorf("no xvs maps pinned at %s: explain reads the ebpf datapath's maps", *pinPath)
+	m := listMode(*mode, *pinPath)
+	var x *model.Explanation
+	switch m {
+	case string(model.ModeEBPF):
+		x, err = maps.Explain(*pinPath, p)
+	case string(model.ModeIPVS):
+		x, err = ipvs.Explain(ipvs.Config{}, p)
+	default:
+		err = fmt.Errorf("unknown --proxy-mode %q", m)
 	}
-	x, err := maps.Explain(*pinPath, p)
 	if err != nil {
 		return err
 	}
@@ -47,14 +57,14 @@ func runExplain(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(x)
 	case "text":
-		printExplanation(os.Stdout, p, x)
+		printExplanation(os.Stdout, m, p, x)
 		return nil
 	}
 	return fmt.Errorf("unknown output format %q", *output)
 }
 
-func explainPacket(from, to string, established bool, dev string, fromHost bool) (maps.ExplainPacket, error) {
-	p := maps.ExplainPacket{FromHost: fromHost}
+func explainPacket(from, to string, established bool, dev string, fromHost bool) (model.ExplainPacket, error) {
+	p := model.ExplainPacket{FromHost: fromHost}
 	switch {
 	case to == "":
 		return p, fmt.Errorf("--to is required")
@@ -79,9 +89,6 @@ func explainPacket(from, to string, established bool, dev string, fromHost bool)
 			return p, fmt.Errorf("--to: %w", err)
 		}
 	}
-	if fromHost && p.Proto != model.TCP && p.Proto != model.UDP {
-		return p, fmt.Errorf("--from-host: the socket hooks balance TCP and UDP only")
-	}
 	p.Established = established && p.Proto == model.TCP
 	if dev != "" {
 		ifi, err := net.InterfaceByName(dev)
@@ -93,11 +100,7 @@ func explainPacket(from, to string, established bool, dev string, fromHost bool)
 	return p, nil
 }
 
-func printExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
-	if x.Host {
-		printHostExplanation(w, p, x)
-		return
-	}
+func printExplanation(w io.Writer, mode string, p model.ExplainPacket, x *model.Explanation) {
 	kind := "a new connection"
 	switch {
 	case p.Proto != model.TCP:
@@ -105,50 +108,62 @@ func printExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
 	case p.Established:
 		kind = "a segment of an open connection"
 	}
-	fmt.Fprintf(w, "packet    %s -> %s/%s (%s)\n", p.From, p.To, p.Proto, kind)
-	if x.Frontend != "" {
-		fmt.Fprintf(w, "frontend  %s, %s endpoints\n", x.Frontend, x.Scope)
+	if x.Host {
+		hook := "the socket hooks balance its connect() or sendmsg()"
+		if mode == string(model.ModeIPVS) {
+			hook = "IPVS takes its packets at LOCAL_OUT"
+		}
+		fmt.Fprintf(w, "socket    this node (%s) -> %s/%s (%s: %s)\n", x.Source.Addr(), p.To, p.Proto, kind, hook)
+	} else {
+		fmt.Fprintf(w, "packet    %s -> %s/%s (%s)\n", p.From, p.To, p.Proto, kind)
 	}
-	fmt.Fprintf(w, "verdict   %s: %s\n", x.Verdict, x.Reason())
-	switch x.Action {
-	case "translate":
-		fmt.Fprintf(w, "backend   %s (backend id %d)", x.Backend, x.BackendID)
+	if x.Frontend != "" {
+		fmt.Fprintf(w, "frontend  %s", x.Frontend)
+		if x.Scope != "" {
+			fmt.Fprintf(w, ", %s endpoints", x.Scope)
+		}
+		if x.Scheduler != "" {
+			fmt.Fprintf(w, ", scheduler %s", x.Scheduler)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "verdict   %s: %s\n", x.Verdict, x.Why)
+	if x.Cause != "" {
+		fmt.Fprintf(w, "because   %s: %s\n", x.Cause, maps.VerdictReason(x.Cause))
+	}
+	if x.Action != "translate" {
+		fmt.Fprintf(w, "outcome   %s\n", x.Action)
+		return
+	}
+	switch {
+	case x.Backend.IsValid():
+		fmt.Fprintf(w, "backend   %s", x.Backend)
+		if x.BackendID != 0 {
+			fmt.Fprintf(w, " (backend id %d)", x.BackendID)
+		}
 		if x.LocalDelivery {
 			fmt.Fprint(w, ", on this node's own address")
 		}
-		fmt.Fprintln(w)
-		switch x.Masquerade {
-		case "xvs":
-			fmt.Fprintf(w, "source    masqueraded by xvs to %s (a port of the run's choosing)\n", x.Source.Addr())
-		case "netfilter":
-			fmt.Fprintf(w, "source    %s, masqueraded by netfilter (the node's POSTROUTING rule, by mark)\n", x.Source)
-		case "remap":
-			fmt.Fprintf(w, "source    %s with another port (another flow of this client port reaches that backend)\n", x.Source.Addr())
-		default:
-			fmt.Fprintf(w, "source    %s, kept\n", x.Source)
+		if x.Host && mode != string(model.ModeIPVS) {
+			fmt.Fprint(w, ": the socket's peer; getpeername() and recvmsg() still show the frontend")
 		}
+		fmt.Fprintln(w)
 	default:
-		fmt.Fprintf(w, "outcome   %s\n", x.Action)
+		var cs []string
+		for _, c := range x.Candidates {
+			cs = append(cs, c.String())
+		}
+		fmt.Fprintf(w, "backend   one of %s (the kernel's %s scheduler picks)\n", strings.Join(cs, ", "), x.Scheduler)
 	}
-}
-
-// printHostExplanation prints the socket hooks' decision for a socket of
-// the node.
-func printHostExplanation(w io.Writer, p maps.ExplainPacket, x *maps.Explanation) {
-	fmt.Fprintf(w, "socket    this node (%s) -> %s/%s (a host socket's connect() or sendmsg())\n", x.Source.Addr(), p.To, p.Proto)
-	if x.Frontend != "" {
-		fmt.Fprintf(w, "frontend  %s, %s endpoints\n", x.Frontend, x.Scope)
-	}
-	fmt.Fprintf(w, "verdict   %s: %s\n", x.Verdict, x.Reason())
-	if x.Cause != "" {
-		fmt.Fprintf(w, "because   %s: %s\n", x.Cause, (&maps.Explanation{Verdict: x.Cause}).Reason())
-	}
-	switch x.Action {
-	case "translate":
-		fmt.Fprintf(w, "backend   %s (backend id %d): the socket's peer; getpeername() and recvmsg() still show the frontend\n", x.Backend, x.BackendID)
-	case "pass":
-		fmt.Fprintln(w, "outcome   the socket is left alone: its packets take the node's path (netfilter, routes, xvs's tc programs on the way out)")
+	switch {
+	case x.Host && mode != string(model.ModeIPVS):
+	case x.Masquerade == "xvs":
+		fmt.Fprintf(w, "source    masqueraded by xvs to %s (a port of the run's choosing)\n", x.Source.Addr())
+	case x.Masquerade == "netfilter":
+		fmt.Fprintf(w, "source    %s, masqueraded by netfilter (the node's POSTROUTING rule, by mark)\n", x.Source)
+	case x.Masquerade == "remap":
+		fmt.Fprintf(w, "source    %s with another port (another flow of this client port reaches that backend)\n", x.Source.Addr())
 	default:
-		fmt.Fprintf(w, "outcome   %s\n", x.Action)
+		fmt.Fprintf(w, "source    %s, kept\n", x.Source)
 	}
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/harness"
-	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // TestPrivExplainLive: `xvs explain` against a running agent, checked by
@@ -23,13 +23,13 @@ import (
 func TestPrivExplainLive(t *testing.T) {
 	w := newWorld(t)
 	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
-	explain := func(args ...string) maps.Explanation {
+	explain := func(args ...string) model.Explanation {
 		t.Helper()
 		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json", "--pin-path", w.PinPath}, args...)...)
 		if err != nil {
 			t.Fatalf("xvs explain %v: %v\n%s", args, err, out)
 		}
-		var x maps.Explanation
+		var x model.Explanation
 		if err := json.Unmarshal(out, &x); err != nil {
 			t.Fatalf("%v:\n%s", err, out)
 		}
@@ -129,4 +129,66 @@ func TestPrivExplainLive(t *testing.T) {
 	if r := lab.ProbeTCP(w.Node.NS, harness.DemoNodeIP, tcp, 2*time.Second); r.Verdict != lab.Refused {
 		t.Fatalf("a real connection from the node to a Service without endpoints: %v, want refused as explained", r)
 	}
+}
+
+// TestPrivIPVSExplain: `xvs explain` in ipvs mode, from the kernel's IPVS
+// state and xvs's rules, checked by real traffic. A new connection is
+// explained with every pod as the scheduler's candidate, an open one as
+// tracked to the pod it really reached (IPVS's connection), a wrong port
+// as the rejection a real connection meets, an address no Service has as
+// untouched, and a socket of the node as IPVS takes it at LOCAL_OUT.
+func TestPrivIPVSExplain(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	explain := func(args ...string) model.Explanation {
+		t.Helper()
+		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json"}, args...)...)
+		if err != nil {
+			t.Fatalf("xvs explain %v: %v\n%s", args, err, out)
+		}
+		var x model.Explanation
+		if err := json.Unmarshal(out, &x); err != nil {
+			t.Fatalf("%v:\n%s", err, out)
+		}
+		return x
+	}
+	var pods []netip.AddrPort
+	for i := range harness.DemoPodIPs {
+		pods = append(pods, podAddr(i))
+	}
+	fresh := netip.AddrPortFrom(harness.DemoClientIP, 40999)
+	for _, args := range [][]string{{"--from", fresh.String()}, {"--from-host"}} {
+		x := explain(append(args, "--to", tcp.String())...)
+		if x.Action != "translate" || x.Verdict != "forward_new" || x.Scheduler != "rr" || x.Frontend != tcp.String()+"/TCP" ||
+			!slices.Equal(x.Candidates, pods) {
+			t.Fatalf("%v: a new connection explained as %+v, want the scheduler's choice among %v", args, x, pods)
+		}
+	}
+
+	reply, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	src := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if x := explain("--from", src.String(), "--to", tcp.String(), "--established"); x.Action != "translate" || !x.Tracked ||
+		x.Backend != reply.Local {
+		t.Fatalf("the open connection %s (at %s) explained as %+v", src, reply.Local, x)
+	}
+
+	wrong := netip.AddrPortFrom(harness.DemoVIP, 81)
+	if x := explain("--from", fresh.String(), "--to", wrong.String()); x.Action != "reject" || x.Verdict != "reject_wrong_port" {
+		t.Fatalf("wrong port explained as %+v", x)
+	}
+	if r := lab.ProbeTCP(w.Client, harness.DemoClientIP, wrong, 2*time.Second); r.Verdict != lab.Refused {
+		t.Fatalf("a real connection to the wrong port: %v, want refused as explained", r)
+	}
+	if x := explain("--from", fresh.String(), "--to", "198.51.100.77:80"); x.Action != "pass" {
+		t.Fatalf("an address no Service has explained as %+v", x)
+	}
+	text, err := lab.Run(w.Node.NS, w.Bin, "explain", "--from", fresh.String(), "--to", tcp.String())
+	if err != nil || !strings.Contains(string(text), "verdict   forward_new") || !strings.Contains(string(text), "backend   one of ") {
+		t.Fatalf("xvs explain: %v\n%s", err, text)
+	}
+	t.Logf("xvs explain (ipvs):\n%s", text)
 }

@@ -45,7 +45,7 @@ GUEST_ON_DEMAND_MODULES=(sctp)
 GUEST_MODULE_DIRS=(net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/sched net/bridge)
 # Packages whose privileged tests run in the VM; ./pkg=REGEX narrows one of
 # them to REGEX's tests (go test -run) instead of VM_RUN's.
-VM_SUITES=${VM_SUITES:-./maps ./reconcile ./cmd/xvs ./ipvs}
+VM_SUITES=${VM_SUITES:-./reconcile ./cmd/xvs ./ipvs}
 # The tests run of each suite (go test -run).
 VM_RUN=${VM_RUN:-^TestPriv}
 # Tests skipped in the VM (go test -skip): TestPrivKube* run the agent

@@ -1,0 +1,62 @@
+package model
+
+import "net/netip"
+
+// What a datapath does with one packet, and why (`xvs explain`): the ebpf
+// datapath answers with its own program (maps.Explainer), the IPVS one
+// from the kernel's virtual servers, connections and xvs's rules
+// (ipvs.Explain).
+
+// ExplainPacket is the packet to explain: a TCP SYN (or, with Established,
+// an ACK) or a UDP or SCTP datagram from From to To; or, with FromHost, a
+// socket of the node itself connecting (or sending) to To.
+type ExplainPacket struct {
+	From, To    netip.AddrPort
+	Proto       Protocol
+	Established bool
+	// FromHost: a socket of the node's own network namespace (From is
+	// not used: the node's address stands in). In ebpf mode the socket
+	// hooks balance its connect() or sendmsg() before any packet exists;
+	// in ipvs mode IPVS takes its packets at LOCAL_OUT.
+	FromHost bool
+	// Ifindex is the interface the packet arrives on (0: none; routes are
+	// then looked up as for a packet of no interface).
+	Ifindex uint32
+}
+
+// Explanation is a datapath's answer.
+type Explanation struct {
+	// Verdict is the datapath's verdict (ebpf: maps.VerdictName; ipvs:
+	// the same names where the outcome is the same), Why the verdict in
+	// words, Action what the datapath does: "translate", "drop",
+	// "reject" or "pass".
+	Verdict, Action string
+	Why             string `json:",omitempty"`
+	// Tracked: the packet belongs to a flow conntrack (IPVS: an IPVS
+	// connection) already has.
+	Tracked bool
+	// Frontend is the frontend the packet matched (none: not a
+	// Service's), Scope "policy" or "short-circuit" (an in-cluster client
+	// of an externalTrafficPolicy: Local frontend).
+	Frontend string `json:",omitempty"`
+	Scope    string `json:",omitempty"`
+	// Backend is where a translated packet goes, and BackendID its ID
+	// (ebpf). A new connection of an IPVS virtual server has no Backend
+	// until the kernel's scheduler (Scheduler) picks one of Candidates.
+	Backend    netip.AddrPort   `json:",omitzero"`
+	BackendID  uint32           `json:",omitempty"`
+	Scheduler  string           `json:",omitempty"`
+	Candidates []netip.AddrPort `json:",omitempty"`
+	// Source is the translated packet's source; Masquerade says who
+	// masquerades it: "" (nobody), "xvs" (Source is the masquerade
+	// address), "netfilter" (the node's POSTROUTING rule, by mark), or
+	// "remap" (a port clash: the client's address with another port).
+	Source     netip.AddrPort `json:",omitzero"`
+	Masquerade string         `json:",omitempty"`
+	// LocalDelivery: the backend is this node's own address.
+	LocalDelivery bool `json:",omitempty"`
+	// Host: a socket of the node (ExplainPacket.FromHost); Cause is then
+	// the admission's verdict behind a refusal or a drop (ebpf).
+	Host  bool   `json:",omitempty"`
+	Cause string `json:",omitempty"`
+}
