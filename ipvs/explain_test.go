@@ -84,8 +84,10 @@ func TestExplainIPVS(t *testing.T) {
 			p:    model.ExplainPacket{From: pod, To: ap(vip, 80), Proto: model.TCP},
 			want: want{"translate", "forward_new", "", netip.AddrPort{}, []netip.AddrPort{ap(ep1, 8080), ap(ep2, 8080)}}},
 		{name: "a real server of weight 0 is no candidate", st: two(),
-			p:    model.ExplainPacket{From: pod, To: ap(vip, 80), Proto: model.TCP},
-			edit: func(es *explainState) { es.reals[slices.IndexFunc(es.reals, func(r kReal) bool { return r.Key.Addr == ep1 })].Weight = 0 },
+			p: model.ExplainPacket{From: pod, To: ap(vip, 80), Proto: model.TCP},
+			edit: func(es *explainState) {
+				es.reals[slices.IndexFunc(es.reals, func(r kReal) bool { return r.Key.Addr == ep1 })].Weight = 0
+			},
 			want: want{"translate", "forward_new", "", ap(ep2, 8080), []netip.AddrPort{ap(ep2, 8080)}}},
 		{name: "hairpin: the pod is its own backend", st: state(webPort(ep(ep1, true))),
 			p:    model.ExplainPacket{From: ap(ep1, 40000), To: ap(vip, 80), Proto: model.TCP},
