@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -154,10 +155,50 @@ func (x *Explainer) Forget() {
 // Explain runs the program once on p.
 func (x *Explainer) Explain(p model.ExplainPacket) (*model.Explanation, error) {
 	e, err := x.explain(p)
-	if e != nil {
-		e.Why = VerdictReason(e.Verdict)
+	if e == nil {
+		return nil, err
+	}
+	e.Why = VerdictReason(e.Verdict)
+	if e.Action == "translate" && !e.Tracked && err == nil {
+		err = x.candidates(e)
 	}
 	return e, err
+}
+
+// candidates names the frontend's scheduler and, for random (the program
+// draws a slot, 1..count, at random: this run's draw is one of many), every
+// backend it may draw, read as lb_slot_backend reads them. A ClientIP
+// affinity's client keeps its backend: its draw is only the first.
+func (x *Explainer) candidates(e *model.Explanation) error {
+	sc, err := readScratch(x.clones)
+	if err != nil || sc == nil {
+		return err
+	}
+	k := sc.Res.Key
+	k.Slot = 0
+	var svc xbpf.SvcValue
+	if err := x.clones[xbpf.XvsMapXvsServices].Lookup(&k, &svc); err != nil {
+		return nil // not a frontend's flow (a reply)
+	}
+	e.Scheduler = SchedulerName(xbpf.Sched(svc.Sched))
+	if xbpf.Sched(svc.Sched) != xbpf.XvsXvsSchedXVS_SCHED_RANDOM || svc.Flags&uint16(xbpf.XvsXvsSvcFlagsXVS_SVC_F_AFFINITY) != 0 {
+		return nil
+	}
+	for slot := uint16(1); slot <= svc.Count; slot++ {
+		k.Slot = slot
+		var member xbpf.SvcValue
+		var be xbpf.Backend
+		if err := x.clones[xbpf.XvsMapXvsServices].Lookup(&k, &member); err != nil {
+			return fmt.Errorf("explain: slot %d of %s: %w", slot, e.Frontend, err)
+		}
+		if err := x.clones[xbpf.XvsMapXvsBackends].Lookup(member.BackendId, &be); err != nil {
+			return fmt.Errorf("explain: backend %d: %w", member.BackendId, err)
+		}
+		e.Candidates = append(e.Candidates, netip.AddrPortFrom(DecodeAddr(be.Addr, be.Family), Ntohs(be.Port)))
+	}
+	slices.SortFunc(e.Candidates, netip.AddrPort.Compare)
+	e.Candidates = slices.Compact(e.Candidates)
+	return nil
 }
 
 func (x *Explainer) explain(p model.ExplainPacket) (*model.Explanation, error) {

@@ -148,12 +148,11 @@ func printExplanation(w io.Writer, mode string, p model.ExplainPacket, x *model.
 			fmt.Fprint(w, ": the socket's peer; getpeername() and recvmsg() still show the frontend")
 		}
 		fmt.Fprintln(w)
-	default:
-		var cs []string
-		for _, c := range x.Candidates {
-			cs = append(cs, c.String())
+		if len(x.Candidates) > 1 {
+			fmt.Fprintf(w, "          (one draw of the %s scheduler, among %s)\n", x.Scheduler, joinAddrPorts(x.Candidates))
 		}
-		fmt.Fprintf(w, "backend   one of %s (the kernel's %s scheduler picks)\n", strings.Join(cs, ", "), x.Scheduler)
+	default:
+		fmt.Fprintf(w, "backend   one of %s (the kernel's %s scheduler picks)\n", joinAddrPorts(x.Candidates), x.Scheduler)
 	}
 	switch {
 	case x.Host && mode != string(model.ModeIPVS):
@@ -166,4 +165,12 @@ func printExplanation(w io.Writer, mode string, p model.ExplainPacket, x *model.
 	default:
 		fmt.Fprintf(w, "source    %s, kept\n", x.Source)
 	}
+}
+
+func joinAddrPorts(l []netip.AddrPort) string {
+	s := make([]string, len(l))
+	for i, a := range l {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
 }

@@ -58,6 +58,14 @@ func TestPrivExplainLive(t *testing.T) {
 	if x.Frontend != tcp.String()+"/TCP" || x.Scope != "policy" {
 		t.Fatalf("frontend %q scope %q", x.Frontend, x.Scope)
 	}
+	// The demo's scheduler is random: that run's draw is one of every pod.
+	var pods []netip.AddrPort
+	for i := range harness.DemoPodIPs {
+		pods = append(pods, podAddr(i))
+	}
+	if x.Scheduler != "random" || !slices.Equal(x.Candidates, pods) {
+		t.Fatalf("scheduler %q, candidates %v, want random among %v", x.Scheduler, x.Candidates, pods)
+	}
 	// Nothing of that run reached the live maps.
 	out, err := lab.Run(w.Node.NS, w.Bin, "list", "-c", "--pin-path", w.PinPath)
 	if err != nil {
@@ -96,6 +104,9 @@ func TestPrivExplainLive(t *testing.T) {
 		if !x.Host || x.Action != "translate" || x.Verdict != "host_socket_balanced" || x.Frontend != tcp.String()+"/TCP" ||
 			!slices.Contains(harness.DemoPodIPs, x.Backend.Addr()) {
 			t.Fatalf("a host socket explained as %+v", x)
+		}
+		if x.Scheduler != "rr" || len(x.Candidates) != 0 {
+			t.Fatalf("round robin explained with scheduler %q, candidates %v", x.Scheduler, x.Candidates)
 		}
 		reply, c, err := lab.DialTCP(w.Node.NS, harness.DemoNodeIP, tcp, 2*time.Second)
 		if err != nil {
