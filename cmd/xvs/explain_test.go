@@ -25,15 +25,7 @@ func TestPrivExplainLive(t *testing.T) {
 	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
 	explain := func(args ...string) model.Explanation {
 		t.Helper()
-		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json", "--pin-path", w.PinPath}, args...)...)
-		if err != nil {
-			t.Fatalf("xvs explain %v: %v\n%s", args, err, out)
-		}
-		var x model.Explanation
-		if err := json.Unmarshal(out, &x); err != nil {
-			t.Fatalf("%v:\n%s", err, out)
-		}
-		return x
+		return explainJSON(t, w, append([]string{"--pin-path", w.PinPath}, args...)...)
 	}
 
 	reply, c, err := lab.DialTCP(w.Client, harness.DemoClientIP, tcp, 2*time.Second)
@@ -59,10 +51,7 @@ func TestPrivExplainLive(t *testing.T) {
 		t.Fatalf("frontend %q scope %q", x.Frontend, x.Scope)
 	}
 	// The demo's scheduler is random: that run's draw is one of every pod.
-	var pods []netip.AddrPort
-	for i := range harness.DemoPodIPs {
-		pods = append(pods, podAddr(i))
-	}
+	pods := demoPods()
 	if x.Scheduler != "random" || !slices.Equal(x.Candidates, pods) {
 		t.Fatalf("scheduler %q, candidates %v, want random among %v", x.Scheduler, x.Candidates, pods)
 	}
@@ -153,20 +142,9 @@ func TestPrivIPVSExplain(t *testing.T) {
 	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
 	explain := func(args ...string) model.Explanation {
 		t.Helper()
-		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json"}, args...)...)
-		if err != nil {
-			t.Fatalf("xvs explain %v: %v\n%s", args, err, out)
-		}
-		var x model.Explanation
-		if err := json.Unmarshal(out, &x); err != nil {
-			t.Fatalf("%v:\n%s", err, out)
-		}
-		return x
+		return explainJSON(t, w, args...)
 	}
-	var pods []netip.AddrPort
-	for i := range harness.DemoPodIPs {
-		pods = append(pods, podAddr(i))
-	}
+	pods := demoPods()
 	fresh := netip.AddrPortFrom(harness.DemoClientIP, 40999)
 	for _, args := range [][]string{{"--from", fresh.String()}, {"--from-host"}} {
 		x := explain(append(args, "--to", tcp.String())...)
@@ -202,4 +180,27 @@ func TestPrivIPVSExplain(t *testing.T) {
 		t.Fatalf("xvs explain: %v\n%s", err, text)
 	}
 	t.Logf("xvs explain (ipvs):\n%s", text)
+}
+
+// explainJSON runs `xvs explain -o json ARGS` in w's node.
+func explainJSON(t *testing.T, w *harness.Single, args ...string) model.Explanation {
+	t.Helper()
+	out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json"}, args...)...)
+	if err != nil {
+		t.Fatalf("xvs explain %v: %v\n%s", args, err, out)
+	}
+	var x model.Explanation
+	if err := json.Unmarshal(out, &x); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	return x
+}
+
+// demoPods are the demo Service's backends, in address order.
+func demoPods() []netip.AddrPort {
+	pods := make([]netip.AddrPort, len(harness.DemoPodIPs))
+	for i := range pods {
+		pods[i] = podAddr(i)
+	}
+	return pods
 }
