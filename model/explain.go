@@ -30,33 +30,34 @@ type Explanation struct {
 	// the same names where the outcome is the same), Why the verdict in
 	// words, Action what the datapath does: "translate", "drop",
 	// "reject" or "pass".
-	Verdict, Action string
-	Why             string `json:",omitempty"`
+	Verdict string `json:"verdict"`
+	Action  string `json:"action"`
+	Why     string `json:"why,omitempty"`
 	// Tracked: the packet belongs to a flow conntrack (IPVS: an IPVS
 	// connection) already has.
-	Tracked bool
+	Tracked bool `json:"tracked"`
 	// Frontend is the frontend the packet matched (none: not a
 	// Service's), Scope "policy" or "short-circuit" (an in-cluster client
 	// of an externalTrafficPolicy: Local frontend).
-	Frontend string `json:",omitempty"`
-	Scope    string `json:",omitempty"`
+	Frontend string `json:"frontend,omitempty"`
+	Scope    string `json:"scope,omitempty"`
 	// Backend is where a translated packet goes, and BackendID its ID
 	// (ebpf). A new connection of an IPVS virtual server has no Backend
 	// until the kernel's scheduler (Scheduler) picks one of Candidates.
-	Backend    netip.AddrPort   `json:",omitzero"`
-	BackendID  uint32           `json:",omitempty"`
-	Scheduler  string           `json:",omitempty"`
-	Candidates []netip.AddrPort `json:",omitempty"`
+	Backend    netip.AddrPort   `json:"backend,omitzero"`
+	BackendID  uint32           `json:"backendID,omitempty"`
+	Scheduler  string           `json:"scheduler,omitempty"`
+	Candidates []netip.AddrPort `json:"candidates,omitempty"`
 	// Source is the translated packet's source; Masquerade says who
 	// masquerades it: "" (nobody), "xvs" (Source is the masquerade
 	// address), "netfilter" (the node's POSTROUTING rule, by mark), or
 	// "remap" (a port clash: the client's address with another port).
-	Source     netip.AddrPort `json:",omitzero"`
-	Masquerade string         `json:",omitempty"`
+	Source     netip.AddrPort `json:"source,omitzero"`
+	Masquerade string         `json:"masquerade,omitempty"`
 	// LocalDelivery: the backend is this node's own address.
-	LocalDelivery bool `json:",omitempty"`
+	LocalDelivery bool `json:"localDelivery,omitempty"`
 	// Host: a socket of the node (ExplainPacket.FromHost); Cause is then
 	// the admission's verdict behind a refusal or a drop (ebpf).
-	Host  bool   `json:",omitempty"`
-	Cause string `json:",omitempty"`
+	Host  bool   `json:"host,omitempty"`
+	Cause string `json:"cause,omitempty"`
 }

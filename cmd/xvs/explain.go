@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +9,12 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
@@ -24,15 +30,36 @@ import (
 func runExplain(args []string) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	pinPath := fs.String("pin-path", loader.DefaultPinPath, "bpffs directory of the xvs maps")
-	from := fs.String("from", "", "the client, ADDR:PORT (required unless --from-host)")
+	from := fs.String("from", "", "the client, ADDR:PORT (required unless --from-pod or --from-host)")
+	fromPod := fs.String("from-pod", "", "the client is this pod, NAMESPACE/NAME: its address of the destination's family (status.podIPs, read from the API server with --kubeconfig, or the in-cluster service account, which needs get on pods), source port --from-port")
+	fromPort := fs.Uint("from-port", 40999, "with --from-pod: the client's source port")
+	kubeconfig := fs.String("kubeconfig", "", "with --from-pod: the kubeconfig to read the pod with (default: the in-cluster service account)")
 	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): in ebpf mode the socket hooks' decision at its connect() or sendmsg()")
 	to := fs.String("to", "", "the destination, ADDR:PORT[/tcp|udp|sctp] (required; TCP when no protocol is given)")
 	established := fs.Bool("established", false, "TCP: a segment of an open connection (an ACK) instead of a SYN")
 	dev := fs.String("dev", "", "the interface the packet arrives on (routes are looked up from it)")
-	output := fs.String("o", "text", "output format: text or json")
+	output := fs.String("o", "text", "output format: text, json or yaml (schemaVersion "+explainSchema+")")
 	mode := fs.String("proxy-mode", "auto", "datapath to explain: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *fromPod != "" {
+		if *from != "" || *fromHost {
+			return fmt.Errorf("--from-pod, --from and --from-host name the client three ways: give one")
+		}
+		if *fromPort == 0 || *fromPort > 65535 {
+			return fmt.Errorf("--from-port %d: want 1-65535", *fromPort)
+		}
+		dst, _, _ := strings.Cut(*to, "/")
+		d, err := netip.ParseAddrPort(dst)
+		if err != nil {
+			return fmt.Errorf("--to: %w", err)
+		}
+		a, err := podAddress(*kubeconfig, *fromPod, d.Addr().Unmap().Is4())
+		if err != nil {
+			return err
+		}
+		*from = netip.AddrPortFrom(a, uint16(*fromPort)).String()
 	}
 	p, err := explainPacket(*from, *to, *established, *dev, *fromHost)
 	if err != nil {
@@ -51,17 +78,15 @@ func runExplain(args []string) error {
 	if err != nil {
 		return err
 	}
-	switch *output {
-	case "json":
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(x)
-	case "text":
+	if *output == "text" {
 		printExplanation(os.Stdout, m, p, x)
 		return nil
 	}
-	return fmt.Errorf("unknown output format %q", *output)
+	return printStructured(os.Stdout, *output, explainSchema, x)
 }
+
+// explainSchema names the layout of explain's structured output.
+const explainSchema = "xvs.explain/v1"
 
 func explainPacket(from, to string, established bool, dev string, fromHost bool) (model.ExplainPacket, error) {
 	p := model.ExplainPacket{FromHost: fromHost}
@@ -173,4 +198,46 @@ func joinAddrPorts(l []netip.AddrPort) string {
 		s[i] = a.String()
 	}
 	return strings.Join(s, ", ")
+}
+
+// podAddress reads pod NAMESPACE/NAME's address of one family from the
+// API server.
+func podAddress(kubeconfig, ref string, v4 bool) (netip.Addr, error) {
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" {
+		return netip.Addr{}, fmt.Errorf("--from-pod %q: want NAMESPACE/NAME", ref)
+	}
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		err = fmt.Errorf("%w (outside a cluster, give --kubeconfig)", err)
+	}
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--from-pod: %w", err)
+	}
+	cfg.UserAgent = "xvs-explain"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--from-pod: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pod, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--from-pod: %w", err)
+	}
+	family := "IPv6"
+	if v4 {
+		family = "IPv4"
+	}
+	var have []string
+	for _, ip := range pod.Status.PodIPs {
+		have = append(have, ip.IP)
+		if a, err := netip.ParseAddr(ip.IP); err == nil && a.Unmap().Is4() == v4 {
+			return a.Unmap(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("--from-pod: pod %s has no %s address (status.podIPs: %v)", ref, family, have)
 }

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/harness"
 	"github.com/xvs-lb/xvs/model"
@@ -203,4 +206,58 @@ func demoPods() []netip.AddrPort {
 		pods[i] = podAddr(i)
 	}
 	return pods
+}
+
+// TestPrivKubeExplainFromPod: `xvs explain --from-pod NS/NAME` reads the
+// pod's address from the API server and explains that client's packet; a
+// pod without an address of the destination's family and a pod that does
+// not exist are errors that say so.
+func TestPrivKubeExplainFromPod(t *testing.T) {
+	w := newKubeWorld(t)
+	w.startKubeAgent(t)
+	w.waitBackends(t, harness.DemoVIP, 80, 3, 60*time.Second)
+	pods := w.client.CoreV1().Pods(kubeNS)
+	// No controller manager makes the namespace's service account.
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: kubeNS}}
+	if _, err := w.client.CoreV1().ServiceAccounts(kubeNS).Create(w.ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"client", "pending"} {
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kubeNS},
+			Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "registry.invalid/c"}}}}
+		if _, err := pods.Create(w.ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The client pod is the lab's first pod; "pending" has no address yet.
+	p, err := pods.Get(w.ctx, "client", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := harness.DemoPodIPs[0].String()
+	p.Status.PodIP, p.Status.PodIPs = ip, []v1.PodIP{{IP: ip}}
+	if _, err := pods.UpdateStatus(w.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	explain := func(args ...string) ([]byte, error) {
+		return lab.Run(w.Node.NS, w.Bin, append([]string{"explain", "-o", "json", "--pin-path", w.PinPath,
+			"--kubeconfig", w.srv.Kubeconfig, "--to", tcp.String()}, args...)...)
+	}
+	out, err := explain("--from-pod", kubeNS+"/client", "--from-port", "41000")
+	if err != nil {
+		t.Fatalf("xvs explain --from-pod: %v\n%s", err, out)
+	}
+	var x model.Explanation
+	if err := json.Unmarshal(out, &x); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if want := netip.AddrPortFrom(harness.DemoPodIPs[0], 41000); x.Action != "translate" || x.Source != want || x.Masquerade != "" {
+		t.Fatalf("the pod's connection explained as %+v, want a translation from %s, not masqueraded", x, want)
+	}
+	for pod, want := range map[string]string{"pending": "has no IPv4 address", "absent": "not found"} {
+		if out, err := explain("--from-pod", kubeNS+"/"+pod); err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("--from-pod %s: %v, want an error saying %q:\n%s", pod, err, want, out)
+		}
+	}
 }
