@@ -93,8 +93,17 @@ test: deps generate-check lint apiserver kube-proxy
 	[ $$rc -eq 0 ] && [ $$brc -eq 0 ] && [ $$mrc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) conformance-bypass
-	$(MAKE) vmtest-corpus KERNEL=6.1 MODE=ebpf VM_SUITES="$(VM_SUITES_6_1)" VM_SKIP='$(VM_SKIP_6_1)'
-	$(MAKE) vmtest-corpus KERNEL=6.12 MODE=ipvs VM_SUITES="$(VM_SUITES_6_12)"
+	./hack/vm/vm.sh deps
+	./hack/vm/vm.sh image 6.1 >/dev/null
+	./hack/vm/vm.sh image 6.12 >/dev/null
+	@echo "vm lanes: 6.1 (ebpf) here, 6.12 (ipvs) beside it into bin/vmtest-6.12.log"
+	$(call vm_corpus,6.12,ipvs,$(VM_SUITES_6_12),) > bin/vmtest-6.12.log 2>&1 & lane=$$!; \
+	start=$$(date +%s); \
+	$(call vm_corpus,6.1,ebpf,$(VM_SUITES_6_1),$(VM_SKIP_6_1)); rc=$$?; \
+	echo "6.1 lane: rc=$$rc after $$(( $$(date +%s) - start ))s; waiting for the 6.12 lane"; \
+	wait $$lane; rc12=$$?; \
+	echo "=== the 6.12 lane (rc=$$rc12, both lanes done after $$(( $$(date +%s) - start ))s):"; cat bin/vmtest-6.12.log; \
+	[ $$rc -eq 0 ] && [ $$rc12 -eq 0 ]
 
 # What the kernel's verifier spends on each program (bpf/README.md).
 verifier-stats:
@@ -114,7 +123,11 @@ vmtest:
 # 6.1 with ebpf, 6.12 with ipvs); results in bin/conformance-MODE-vmKERNEL.json.
 # VM_SUITES (vm.sh's) chooses the suites.
 vmtest-corpus: build
-	$(if $(VM_SUITES),VM_SUITES='$(VM_SUITES)') $(if $(VM_SKIP),VM_SKIP='$(VM_SKIP)') ./hack/vm/vm.sh test $(KERNEL) -- './$(BIN) conformance run $(CORPUS) --mode $(MODE) --json bin/conformance-$(MODE)-vm$(KERNEL).json'
+	$(call vm_corpus,$(KERNEL),$(MODE),$(VM_SUITES),$(VM_SKIP))
+
+# vm_corpus KERNEL,MODE,SUITES,SKIP: vm.sh test's command for one lane (an
+# empty SUITES or SKIP keeps vm.sh's default).
+vm_corpus = $(if $(3),VM_SUITES='$(3)') $(if $(4),VM_SKIP='$(4)') ./hack/vm/vm.sh test $(1) -- './$(BIN) conformance run $(CORPUS) --mode $(2) --json bin/conformance-$(2)-vm$(1).json'
 
 # What make test runs on 6.1 (legacy tc, the oldest verifier, the oldest
 # networking xvs supports): the privileged tests whose outcome a kernel
