@@ -40,11 +40,11 @@ func TestPrivMonitorEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	next := func() (maps.Event, bool) {
+	next := func() (model.MonitorEvent, bool) {
 		t.Helper()
 		ev, err := m.Read(time.Now().Add(200 * time.Millisecond))
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return maps.Event{}, false
+			return model.MonitorEvent{}, false
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +54,7 @@ func TestPrivMonitorEvents(t *testing.T) {
 	if ev, ok := next(); ok {
 		t.Fatalf("an event from before the monitor: %+v", ev)
 	}
-	if c, err := m.Counts(); err != nil || c != (maps.MonitorCounts{}) {
+	if c, err := m.Counts(); err != nil || c != (model.MonitorCounts{}) {
 		t.Fatalf("counts before the monitor: %+v %v", c, err)
 	}
 
@@ -63,7 +63,7 @@ func TestPrivMonitorEvents(t *testing.T) {
 		t.Fatalf("unallocated service IP: ret %d, want drop", ret)
 	}
 	ev, ok := next()
-	want := maps.Event{Type: "drop", Reason: "drop_unallocated_service_ip", Protocol: "TCP", Hook: "tc", TCPFlags: "SYN",
+	want := model.MonitorEvent{Type: "drop", Reason: "drop_unallocated_service_ip", Protocol: "TCP", Hook: "tc", TCPFlags: "SYN",
 		Source: netip.AddrPortFrom(client, 1111), Destination: netip.MustParseAddrPort("172.30.9.9:80"), Length: uint32(len(unallocated))}
 	if !ok || !sameEvent(ev, want) || time.Since(ev.Time) > time.Minute {
 		t.Fatalf("tc drop: event %+v %v, want %+v", ev, ok, want)
@@ -72,7 +72,7 @@ func TestPrivMonitorEvents(t *testing.T) {
 		t.Fatalf("XDP, LB IP from outside the source ranges: ret %d %v, want drop", ret, err)
 	}
 	ev, ok = next()
-	want = maps.Event{Type: "drop", Reason: "drop_source_range", Protocol: "TCP", Hook: "xdp", TCPFlags: "SYN",
+	want = model.MonitorEvent{Type: "drop", Reason: "drop_source_range", Protocol: "TCP", Hook: "xdp", TCPFlags: "SYN",
 		Source: netip.MustParseAddrPort("192.0.2.200:2222"), Destination: netip.AddrPortFrom(lbIP, 80), Length: uint32(len(outsideRanges))}
 	if !ok || !sameEvent(ev, want) {
 		t.Fatalf("XDP drop: event %+v %v, want %+v", ev, ok, want)
@@ -109,7 +109,7 @@ func TestPrivMonitorEvents(t *testing.T) {
 
 // sameEvent compares what the program wrote (not the time, or the
 // device, which the test runs have none of).
-func sameEvent(a, b maps.Event) bool {
+func sameEvent(a, b model.MonitorEvent) bool {
 	a.Time, b.Time, a.Device, b.Device = time.Time{}, time.Time{}, "", ""
 	return a == b
 }

@@ -6,25 +6,37 @@ import (
 	"os"
 	"time"
 
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
-// The monitor check: in ebpf mode, each probe whose explain check said the
-// datapath drops or refuses it (and passed) must also show up in `xvs
-// monitor`: an event from the probe's client to its destination, with the
-// reason explain named. The run's monitor reads the scenario agent's
-// event ring from the first probe step on.
+// The monitor check: each probe whose explain check said the datapath
+// drops or refuses it (and passed) must also show up in `xvs monitor`: an
+// event from the probe's client to its destination, with the reason
+// explain named. The run's monitor reads the scenario agent's event ring
+// (ebpf mode) or the NFLOG group of xvs's rules in the node's network
+// namespace (ipvs mode) from the first probe step on.
 
-// monitor is the scenario's maps.Monitor, opened on first use; nil with
+// monitor is the scenario's event source, opened on first use; nil with
 // the reason when it cannot be.
-func (r *scenarioRun) monitor() (*maps.Monitor, string) {
+func (r *scenarioRun) monitor() (model.MonitorSource, string) {
 	if r.mon == nil && r.monErr == "" {
-		m, err := maps.OpenMonitor(r.w.pinPath, maps.DefaultMonitorRate, maps.DefaultMonitorBurst)
-		if err != nil {
-			r.monErr = "ERROR: " + err.Error()
+		var err error
+		switch r.opts.Mode {
+		case ModeEBPF:
+			r.mon, err = maps.OpenMonitor(r.w.pinPath, maps.DefaultMonitorRate, maps.DefaultMonitorBurst)
+		case ModeIPVS:
+			err = r.w.node.NS.Do(func() (err error) {
+				r.mon, err = ipvs.OpenMonitor()
+				return err
+			})
+		default:
+			err = fmt.Errorf("no monitor in %s mode", r.opts.Mode)
 		}
-		r.mon = m
+		if err != nil {
+			r.mon, r.monErr = nil, "ERROR: "+err.Error()
+		}
 	}
 	return r.mon, r.monErr
 }

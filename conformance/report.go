@@ -393,8 +393,8 @@ func writeExplainChecks(b *bytes.Buffer, runs []*Results) {
 		"(for a probe from the node itself, `--from-host`: the socket hooks' decision), in ipvs mode the kernel's virtual\n" +
 		"servers, IPVS connections and xvs's nftables sets, in the node's namespace. It agrees when it names the outcome the\n" +
 		"probe met (a translation to an expected member, every one of IPVS's candidates being one; or the REJECT, DROP or\n" +
-		"PASS). Where it said DROP or REJECT in ebpf mode, `xvs monitor` (reading the agent's event ring throughout) must\n" +
-		"have reported the probe's packet with the same reason. Agreed / asked.\n\n")
+		"PASS). Where it said DROP or REJECT, `xvs monitor` (reading throughout the agent's event ring in ebpf mode, the\n" +
+		"NFLOG group of xvs's rules in ipvs mode) must have reported the probe's packet with the same reason. Agreed / asked.\n\n")
 	tableHead(b, runs, "")
 	for _, row := range []struct {
 		name string

@@ -267,7 +267,7 @@ type scenarioRun struct {
 	res  ScenarioResult
 	// mon reads the agent's drop and reject events (monitor.go); monErr
 	// says why it could not be opened.
-	mon    *maps.Monitor
+	mon    model.MonitorSource
 	monErr string
 }
 
@@ -290,8 +290,10 @@ func (r *scenarioRun) report(step int, name, expected, observed, why string, pas
 
 func (r *scenarioRun) probes(step int, ps []Probe) {
 	ex, exErr := r.explainer()
-	if ex != nil && r.opts.explain != nil {
-		defer r.opts.explain.Forget()
+	if ex != nil {
+		if r.opts.explain != nil {
+			defer r.opts.explain.Forget()
+		}
 		// Listening before the probes run: their events are written as
 		// they are dropped.
 		r.monitor()
@@ -313,7 +315,7 @@ func (r *scenarioRun) probes(step int, ps []Probe) {
 		case x != nil && pass:
 			got, ok := judgeExplain(x, exp, r.sc.closed)
 			r.reportExplain(step, p.Name, expectedString(p, exp, aff), got, ok)
-			if ok && (x.Action == "drop" || x.Action == "reject") && r.opts.Mode == ModeEBPF {
+			if ok && (x.Action == "drop" || x.Action == "reject") {
 				c, _ := r.w.clientFor(p.From)
 				r.checkMonitor(step, p, c, x)
 			}

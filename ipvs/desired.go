@@ -66,6 +66,17 @@ type virtualServer struct {
 	SourceRanges []netip.Prefix
 }
 
+// hasWeight says whether IPVS can schedule a new connection to vs: some
+// real server has a weight above 0.
+func (vs *virtualServer) hasWeight() bool {
+	for _, w := range vs.Reals {
+		if w > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // desired is what one State asks of kernel IPVS.
 type desired struct {
 	Servers map[vsKey]*virtualServer

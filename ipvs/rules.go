@@ -25,7 +25,11 @@ const MasqueradeMark = 0x4000
 //     LOCAL_IN): loadBalancerSourceRanges drop sources outside the ranges
 //     (KUBE-LOAD-BALANCER-FW), then new connections to a dummy-interface
 //     address on a port that is not a Service are rejected
-//     (KUBE-IPVS-FILTER, #72236).
+//     (KUBE-IPVS-FILTER, #72236); new connections to a virtual server
+//     without a real server of weight above 0 are logged (IPVS itself
+//     refuses them). filter_output applies the source ranges and the log
+//     to the node's own connections. Every drop and reject is logged to
+//     NFLOG first, for xvs monitor.
 //   - mark_prerouting, mark_output: mark for masquerade new packets to
 //     external frontends with externalTrafficPolicy=Cluster, and to
 //     ClusterIPs with masqueradeAll or from outside the pod CIDRs (the
@@ -65,13 +69,16 @@ func elem(k vsKey) string {
 func renderRules(st *model.State, want *desired, cfg Config) string {
 	var b bytes.Buffer
 	for _, fam := range families {
-		var services, cluster, external, lbFW, lbAllow, loop, vips, pods []string
+		var services, cluster, external, lbFW, lbAllow, loop, vips, pods, empty []string
 		for _, k := range want.sortedKeys() {
 			if k.Addr.Is4() != fam.is4 {
 				continue
 			}
 			vs := want.Servers[k]
 			services = append(services, elem(k))
+			if !vs.hasWeight() {
+				empty = append(empty, elem(k))
+			}
 			switch {
 			case vs.Kind == model.ClusterIP:
 				cluster = append(cluster, elem(k))
@@ -122,37 +129,47 @@ func renderRules(st *model.State, want *desired, cfg Config) string {
 		writeSet(&b, "loop_back", key+" . "+fam.addrType, "", dedup(loop))
 		writeSet(&b, "lb_fw", key, "", lbFW)
 		writeSet(&b, "lb_allow", key+" . "+fam.addrType, "interval", lbAllow)
+		writeSet(&b, "no_endpoints", key, "", empty)
 		ip := fam.nft
+		svc := fmt.Sprintf("%s daddr . meta l4proto . th dport", ip)
+		// Each rule that drops or refuses logs first, for xvs monitor
+		// (monitor.go). 6.12 refuses (EOPNOTSUPP) meta l4proto in a
+		// lookup into a concatenated interval set; the header's protocol
+		// field works.
+		proto := "ip protocol"
+		if !fam.is4 {
+			proto = "ip6 nexthdr"
+		}
+		sourceRanges := func() {
+			fmt.Fprintf(&b, "\t\t%s daddr . %s . th dport . %s saddr @lb_allow accept\n", ip, proto, ip)
+			fmt.Fprintf(&b, "\t\t%s @lb_fw %s\n", svc, logStatement("drop_source_range"))
+			fmt.Fprintf(&b, "\t\t%s @lb_fw counter drop\n", svc)
+		}
+		// IPVS refuses a new connection to a virtual server without a
+		// real server of weight above 0 (ICMP port unreachable): only
+		// the log is xvs's.
+		noEndpoints := fmt.Sprintf("\t\tct state new %s @no_endpoints %s\n", svc, logStatement("reject_no_endpoints"))
+		wrongPort := fmt.Sprintf("ct state new %s daddr @vips %s != @services", ip, svc)
 		fmt.Fprintf(&b, "\tchain filter_input {\n\t\ttype filter hook input priority filter; policy accept;\n")
-		fmt.Fprintf(&b, "\t\tct state new %s daddr @vips %s daddr . meta l4proto . th dport != @services counter reject\n", ip, ip)
+		fmt.Fprintf(&b, "\t\t%s %s\n", wrongPort, logStatement("reject_wrong_port"))
+		fmt.Fprintf(&b, "\t\t%s counter reject\n", wrongPort)
 		if len(lbFW) > 0 {
-			// 6.12 refuses (EOPNOTSUPP) meta l4proto in a lookup into a
-			// concatenated interval set; the header's protocol field works.
-			proto := "ip protocol"
-			if !fam.is4 {
-				proto = "ip6 nexthdr"
-			}
-			fmt.Fprintf(&b, "\t\t%s daddr . %s . th dport . %s saddr @lb_allow accept\n", ip, proto, ip)
-			fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw counter drop\n", ip)
+			sourceRanges()
 		}
+		b.WriteString(noEndpoints)
 		fmt.Fprintf(&b, "\t}\n")
+		// The node's own connections to a Service never reach INPUT: IPVS
+		// takes them at LOCAL_OUT (priority -99), so the source ranges
+		// apply before it (KUBE-IPVS-OUT-FILTER, #119656).
+		fmt.Fprintf(&b, "\tchain filter_output {\n\t\ttype filter hook output priority -110; policy accept;\n")
 		if len(lbFW) > 0 {
-			// The node's own connections to an LB IP never reach INPUT:
-			// IPVS takes them at LOCAL_OUT (priority -99), so the source
-			// ranges apply before it (KUBE-IPVS-OUT-FILTER, #119656).
-			proto := "ip protocol"
-			if !fam.is4 {
-				proto = "ip6 nexthdr"
-			}
-			fmt.Fprintf(&b, "\tchain filter_output {\n\t\ttype filter hook output priority -110; policy accept;\n")
-			fmt.Fprintf(&b, "\t\t%s daddr . %s . th dport . %s saddr @lb_allow accept\n", ip, proto, ip)
-			fmt.Fprintf(&b, "\t\t%s daddr . meta l4proto . th dport @lb_fw counter drop\n", ip)
-			fmt.Fprintf(&b, "\t}\n")
+			sourceRanges()
 		}
+		b.WriteString(noEndpoints)
+		fmt.Fprintf(&b, "\t}\n")
 		// Mark-then-masquerade, as kube-proxy: the decision needs the
 		// Service port, which only the packet before IPVS's DNAT carries.
 		mark := fmt.Sprintf("meta mark set meta mark | %#x", MasqueradeMark)
-		svc := fmt.Sprintf("%s daddr . meta l4proto . th dport", ip)
 		for _, chain := range []string{"mark_prerouting", "mark_output"} {
 			hook := strings.TrimPrefix(chain, "mark_")
 			fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s priority -100; policy accept;\n", chain, hook)

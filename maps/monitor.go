@@ -20,32 +20,6 @@ import (
 	"github.com/xvs-lb/xvs/model"
 )
 
-// Event is one packet the datapath dropped or refused, as `xvs monitor`
-// reports it: the packet as it arrived, before any translation.
-type Event struct {
-	Time time.Time `json:"time"`
-	// Type is "drop" or "reject" (a TCP RST or ICMP unreachable went
-	// back to the client).
-	Type     string         `json:"type"`
-	Reason   string         `json:"reason"` // the verdict, as xvs_datapath_packets_total names it
-	Protocol string         `json:"protocol"`
-	Source   netip.AddrPort `json:"source"`
-	// Destination is the address the client sent to: the frontend, for
-	// Service traffic.
-	Destination netip.AddrPort `json:"destination"`
-	Device      string         `json:"device"`
-	Hook        string         `json:"hook"` // tc, xdp, or socket (a host process's connect or sendmsg)
-	Length      uint32         `json:"length"`
-	TCPFlags    string         `json:"tcpFlags,omitempty"`
-}
-
-// MonitorCounts are the events the datapath did not write: over the rate
-// limit (Suppressed) and with the ring full (Lost), summed over CPUs.
-type MonitorCounts struct {
-	Suppressed uint64 `json:"suppressed"`
-	Lost       uint64 `json:"lost"`
-}
-
 // Monitor reads the datapath's drop and reject events from the pinned
 // xvs_events ring. While it is open the datapath writes them (at most
 // Rate a second per CPU, bursts of Burst); Close turns them off again.
@@ -121,22 +95,22 @@ func MonitorSettings(rate, burst uint32) xbpf.MonitorSettings {
 
 // Read waits for the next event, until deadline (zero: none); it returns
 // os.ErrDeadlineExceeded when the deadline passes first.
-func (m *Monitor) Read(deadline time.Time) (Event, error) {
+func (m *Monitor) Read(deadline time.Time) (model.MonitorEvent, error) {
 	m.rd.SetDeadline(deadline)
 	rec, err := m.rd.Read()
 	if err != nil {
-		return Event{}, err
+		return model.MonitorEvent{}, err
 	}
 	var raw xbpf.Event
 	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
-		return Event{}, fmt.Errorf("event of %d bytes: %w", len(rec.RawSample), err)
+		return model.MonitorEvent{}, fmt.Errorf("event of %d bytes: %w", len(rec.RawSample), err)
 	}
 	return m.decode(raw), nil
 }
 
-func (m *Monitor) decode(raw xbpf.Event) Event {
+func (m *Monitor) decode(raw xbpf.Event) model.MonitorEvent {
 	reason := VerdictName(xbpf.Verdict(raw.Verdict))
-	ev := Event{
+	ev := model.MonitorEvent{
 		Time:        time.Unix(0, int64(raw.Ts)+int64(m.monoOffset)),
 		Type:        "drop",
 		Reason:      reason,
@@ -161,7 +135,7 @@ func (m *Monitor) decode(raw xbpf.Event) Event {
 		ev.Device = m.device(raw.Ifindex)
 	}
 	if raw.Proto == uint8(model.TCP) {
-		ev.TCPFlags = tcpFlags(raw.TcpFlags)
+		ev.TCPFlags = model.TCPFlagNames(raw.TcpFlags)
 	}
 	return ev
 }
@@ -180,24 +154,14 @@ func (m *Monitor) device(ifindex uint32) string {
 	return name
 }
 
-func tcpFlags(f uint8) string {
-	var out []string
-	for i, n := range []string{"FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR"} {
-		if f&(1<<i) != 0 {
-			out = append(out, n)
-		}
-	}
-	return strings.Join(out, ",")
-}
-
 // Counts reads what the datapath did not write since the monitor opened,
 // summed over CPUs.
-func (m *Monitor) Counts() (MonitorCounts, error) {
+func (m *Monitor) Counts() (model.MonitorCounts, error) {
 	var per []xbpf.MonitorBucket
 	if err := m.buckets.Lookup(uint32(0), &per); err != nil {
-		return MonitorCounts{}, err
+		return model.MonitorCounts{}, err
 	}
-	var c MonitorCounts
+	var c model.MonitorCounts
 	for _, b := range per {
 		c.Suppressed += b.Suppressed
 		c.Lost += b.Lost

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,8 +14,10 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // runMonitor prints the packets the datapath drops or refuses as they
@@ -28,9 +31,12 @@ func runMonitor(args []string) error {
 	burst := fs.Uint("burst", maps.DefaultMonitorBurst, "events a CPU may write at once above the rate")
 	count := fs.Int("count", 0, "exit after this many events (0: run until interrupted)")
 	timeout := fs.Duration("timeout", 0, "exit after this long (0: run until interrupted)")
+	mode := fs.String("proxy-mode", "auto", "datapath to listen to: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch *typ {
 	case "", "drop", "reject":
 	default:
@@ -42,7 +48,25 @@ func runMonitor(args []string) error {
 	if *rate == 0 || *rate > 1<<20 || *burst > 1<<20 {
 		return fmt.Errorf("--rate %d, --burst %d: want a rate of 1 to %d and a burst of at most that", *rate, *burst, 1<<20)
 	}
-	m, err := maps.OpenMonitor(*pinPath, uint32(*rate), uint32(*burst))
+	var (
+		m     model.MonitorSource
+		where string
+		err   error
+	)
+	switch md := listMode(*mode, *pinPath); md {
+	case string(model.ModeEBPF):
+		m, err = maps.OpenMonitor(*pinPath, uint32(*rate), uint32(*burst))
+		where = fmt.Sprintf("under %s (at most %d a second per CPU", *pinPath, *rate)
+	case string(model.ModeIPVS):
+		// The rules' limit is the agent's, set when it wrote them.
+		if set["rate"] || set["burst"] {
+			return fmt.Errorf("--rate and --burst apply to ebpf mode: in ipvs mode xvs's rules log at most %d a second (bursts of %d)", ipvs.MonitorRate, ipvs.MonitorBurst)
+		}
+		m, err = ipvs.OpenMonitor()
+		where = fmt.Sprintf("of ipvs mode's rules on NFLOG group %d (at most %d a second per rule", ipvs.MonitorGroup, ipvs.MonitorRate)
+	default:
+		err = fmt.Errorf("unknown --proxy-mode %q", md)
+	}
 	if err != nil {
 		return err
 	}
@@ -59,12 +83,16 @@ func runMonitor(args []string) error {
 		case <-stop:
 		}
 	}()
-	fmt.Fprintf(os.Stderr, "listening for drop and reject events under %s (at most %d a second per CPU; Ctrl-C to stop)\n", *pinPath, *rate)
+	fmt.Fprintf(os.Stderr, "listening for drop and reject events %s; Ctrl-C to stop)\n", where)
 	n, err := monitorLoop(m, os.Stdout, *typ, *output, *count, *timeout, stop)
 	c, cerr := m.Counts()
 	closeErr := m.Close()
 	if cerr == nil {
-		fmt.Fprintf(os.Stderr, "%d events; %d suppressed by the rate limit, %d lost (ring full)\n", n, c.Suppressed, c.Lost)
+		if _, nflog := m.(*ipvs.Monitor); nflog {
+			fmt.Fprintf(os.Stderr, "%d events; %d lost (socket buffer full); packets over the rules' limit are not logged (the rules' counters count them: nft list table ip %s)\n", n, c.Lost, ipvs.TableName)
+		} else {
+			fmt.Fprintf(os.Stderr, "%d events; %d suppressed by the rate limit, %d lost (ring full)\n", n, c.Suppressed, c.Lost)
+		}
 	}
 	return errors.Join(err, closeErr)
 }
@@ -73,7 +101,7 @@ func runMonitor(args []string) error {
 // set) passes or stop closes; it returns how many it printed. Stopped, it
 // still prints what the ring already holds: an event of the moment before
 // the Ctrl-C is not lost.
-func monitorLoop(m *maps.Monitor, out io.Writer, typ, output string, count int, timeout time.Duration, stop <-chan struct{}) (int, error) {
+func monitorLoop(m model.MonitorSource, out io.Writer, typ, output string, count int, timeout time.Duration, stop <-chan struct{}) (int, error) {
 	var end time.Time
 	if timeout > 0 {
 		end = time.Now().Add(timeout)
@@ -104,7 +132,7 @@ func monitorLoop(m *maps.Monitor, out io.Writer, typ, output string, count int, 
 				return n, nil
 			}
 			continue
-		case errors.Is(err, ringbuf.ErrClosed):
+		case errors.Is(err, ringbuf.ErrClosed), errors.Is(err, net.ErrClosed):
 			return n, nil
 		case err != nil:
 			return n, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +19,7 @@ import (
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/harness"
-	"github.com/xvs-lb/xvs/maps"
+	"github.com/xvs-lb/xvs/model"
 )
 
 // startMonitor runs `xvs monitor -o json` in the node namespace with extra
@@ -43,7 +44,7 @@ func startMonitor(t *testing.T, w *harness.Single, extra ...string) (*lab.Proces
 
 // monitorEvents stops the monitor and reads what it printed: the events
 // (its JSON lines) and its closing summary.
-func monitorEvents(t *testing.T, p *lab.Process, log string) ([]maps.Event, string) {
+func monitorEvents(t *testing.T, p *lab.Process, log string) ([]model.MonitorEvent, string) {
 	t.Helper()
 	if err := p.Stop(5 * time.Second); err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func monitorEvents(t *testing.T, p *lab.Process, log string) ([]maps.Event, stri
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var evs []maps.Event
+	var evs []model.MonitorEvent
 	var rest []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -62,7 +63,7 @@ func monitorEvents(t *testing.T, p *lab.Process, log string) ([]maps.Event, stri
 			rest = append(rest, line)
 			continue
 		}
-		var ev maps.Event
+		var ev model.MonitorEvent
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("monitor printed %q: %v", line, err)
 		}
@@ -117,7 +118,7 @@ func TestPrivMonitor(t *testing.T) {
 	for _, ev := range evs {
 		t.Logf("  %+v", ev)
 	}
-	find := func(reason string, src, dst netip.AddrPort, proto string) *maps.Event {
+	find := func(reason string, src, dst netip.AddrPort, proto string) *model.MonitorEvent {
 		for i, ev := range evs {
 			if ev.Reason == reason && ev.Protocol == proto && ev.Destination == dst && (!src.IsValid() || ev.Source == src) {
 				return &evs[i]
@@ -211,4 +212,106 @@ func TestPrivMonitor(t *testing.T) {
 	if n == 0 || n > most || suppressed < flood-most {
 		t.Errorf("flood: %d events (want 1 to %d), %d suppressed (want at least %d); summary %q", n, most, suppressed, flood-most, summary)
 	}
+}
+
+// TestPrivIPVSMonitor: in ipvs mode `xvs monitor` reports, from the NFLOG
+// group of xvs's rules, the connections the node refuses: a port the
+// ClusterIP does not have (xvs's reject rule), the Service without
+// endpoints (IPVS's own ICMP, TCP and UDP), from the client and from the
+// node itself (the output hook, with its real source). A connection
+// served meanwhile gives no event; a second monitor is refused while the
+// first listens; --rate is refused in this mode; the text output.
+func TestPrivIPVSMonitor(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
+	p, log := startMonitor(t, w, "--proxy-mode", "ipvs")
+	client := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(harness.DemoClientIP, port) }
+	vip := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(harness.DemoVIP, port) }
+	connect := func(ns *lab.NS, src, dst netip.AddrPort, want lab.Verdict) {
+		t.Helper()
+		_, err := lab.Transfer(ns, src, dst, lab.TransferSpec{Download: 1 << 20, Connect: time.Second, Timeout: 5 * time.Second})
+		if got := lab.Classify(err); got != want {
+			t.Fatalf("%s -> %s: %v (%v), want %v", src, dst, got, err, want)
+		}
+	}
+	connect(w.Client, client(40000), vip(80), lab.OK)
+	connect(w.Client, client(40001), vip(81), lab.Refused)
+	if out, err := lab.Run(w.Node.NS, w.Bin, "monitor", "--proxy-mode", "ipvs", "--timeout", "1s"); err == nil ||
+		!strings.Contains(string(out), "bound by another process") {
+		t.Errorf("a second monitor: %v\n%s", err, out)
+	}
+	if out, err := lab.Run(w.Node.NS, w.Bin, "monitor", "--proxy-mode", "ipvs", "--rate", "10"); err == nil ||
+		!strings.Contains(string(out), "apply to ebpf mode") {
+		t.Errorf("--rate in ipvs mode: %v\n%s", err, out)
+	}
+	if err := w.WriteService(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitProgrammed(0, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	connect(w.Client, client(40003), vip(80), lab.Refused)
+	if r := lab.ProbeUDP(w.Client, harness.DemoClientIP, vip(53), 2*time.Second); r.Verdict != lab.Refused {
+		t.Fatalf("UDP to the Service without endpoints: %v, want REFUSED", r)
+	}
+	connect(w.Node.NS, netip.AddrPortFrom(harness.DemoNodeIP, 40004), vip(80), lab.Refused)
+	evs, summary := monitorEvents(t, p, log)
+	for _, ev := range evs {
+		t.Logf("  %+v", ev)
+	}
+	for _, want := range []struct {
+		reason, proto, hook, dev string
+		src, dst                 netip.AddrPort
+	}{
+		{"reject_wrong_port", "TCP", "input", "ext1", client(40001), vip(81)},
+		{"reject_no_endpoints", "TCP", "input", "ext1", client(40003), vip(80)},
+		{"reject_no_endpoints", "UDP", "input", "ext1", netip.AddrPort{}, vip(53)},
+		{"reject_no_endpoints", "TCP", "output", "", netip.AddrPortFrom(harness.DemoNodeIP, 40004), vip(80)},
+	} {
+		i := slices.IndexFunc(evs, func(ev model.MonitorEvent) bool {
+			return ev.Reason == want.reason && ev.Protocol == want.proto && ev.Destination == want.dst && (!want.src.IsValid() || ev.Source == want.src)
+		})
+		if i < 0 {
+			t.Errorf("no %s event for %s %s -> %s", want.reason, want.proto, want.src, want.dst)
+			continue
+		}
+		ev := evs[i]
+		if ev.Type != "reject" || ev.Hook != want.hook || want.dev != "" && ev.Device != want.dev || ev.Device == "" ||
+			ev.Length == 0 || time.Since(ev.Time) > time.Minute || ev.Time.After(time.Now()) {
+			t.Errorf("event %+v: want a reject in the %s hook, device %q, a length, a time in the last minute", ev, want.hook, want.dev)
+		}
+		if want.proto == "TCP" && ev.TCPFlags != "SYN" {
+			t.Errorf("event %+v: want the SYN", ev)
+		}
+	}
+	for _, ev := range evs {
+		if ev.Source == client(40000) {
+			t.Errorf("an event for the served connection: %+v", ev)
+		}
+	}
+	if !strings.Contains(summary, "0 lost") {
+		t.Errorf("summary %q: want nothing lost", summary)
+	}
+
+	// The text output, as an operator reads it.
+	log = filepath.Join(t.TempDir(), "text.log")
+	text, err := lab.Start(w.Node.NS, log, w.Bin, "monitor", "--proxy-mode", "ipvs", "--count", "1", "--timeout", "20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = text.Stop(5 * time.Second) })
+	if err := w.WaitCount("monitor listening", 1, 10*time.Second, func() (int, error) {
+		b, err := os.ReadFile(log)
+		return strings.Count(string(b), "listening for drop and reject events"), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	connect(w.Client, client(40005), vip(81), lab.Refused)
+	if err := text.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(log)
+	if !regexp.MustCompile(`reject reject_wrong_port +TCP 192\.0\.2\.\d+:40005 -> \S+:81 \[SYN\] dev ext1 \(input\) \d+ bytes`).Match(b) {
+		t.Errorf("text output:\n%s", b)
+	}
+	t.Logf("xvs monitor (ipvs):\n%s", b)
 }
