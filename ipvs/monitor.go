@@ -81,11 +81,11 @@ type Monitor struct {
 	started bool
 	lost    uint64
 	pending []model.MonitorEvent
-	devices map[uint32]string
 	// links names devices in the monitor's namespace, whatever thread
 	// reads the events.
-	links *netlink.Handle
-	buf   []byte
+	links   *netlink.Handle
+	devices *model.DeviceNames
+	buf     []byte
 }
 
 // OpenMonitor binds the NFLOG group of xvs's rules in the calling thread's
@@ -96,7 +96,7 @@ func OpenMonitor() (_ *Monitor, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("monitor: netfilter netlink socket: %w", err)
 	}
-	m := &Monitor{fd: fd, devices: map[uint32]string{}, buf: make([]byte, 1<<16)}
+	m := &Monitor{fd: fd, buf: make([]byte, 1<<16)}
 	defer func() {
 		if err != nil {
 			unix.Close(fd)
@@ -108,6 +108,13 @@ func OpenMonitor() (_ *Monitor, err error) {
 	if m.links, err = netlink.NewHandle(); err != nil {
 		return nil, fmt.Errorf("monitor: netlink handle: %w", err)
 	}
+	m.devices = model.NewDeviceNames(func(ifindex int) (string, error) {
+		link, err := m.links.LinkByIndex(ifindex)
+		if err != nil {
+			return "", err
+		}
+		return link.Attrs().Name, nil
+	})
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("monitor: bind netlink socket: %w", err)
 	}
@@ -301,9 +308,9 @@ func (m *Monitor) packet(nm syscall.NetlinkMessage) {
 	}
 	switch hook {
 	case nfHookLocalIn:
-		ev.Hook, ev.Device = "input", m.device(in)
+		ev.Hook, ev.Device = "input", m.devices.Name(in)
 	case nfHookLocalOut:
-		ev.Hook, ev.Device = "output", m.device(out)
+		ev.Hook, ev.Device = "output", m.devices.Name(out)
 	default:
 		ev.Hook = fmt.Sprintf("hook%d", hook)
 	}
@@ -369,23 +376,6 @@ func decodePacket(family uint8, p []byte) (model.MonitorEvent, bool) {
 	}
 	ev.Source, ev.Destination = netip.AddrPortFrom(src, sport), netip.AddrPortFrom(dst, dport)
 	return ev, true
-}
-
-// device names an interface of the monitor's namespace, or gives its
-// index when it is gone.
-func (m *Monitor) device(ifindex uint32) string {
-	if ifindex == 0 {
-		return ""
-	}
-	if name, ok := m.devices[ifindex]; ok {
-		return name
-	}
-	name := fmt.Sprintf("if%d", ifindex)
-	if link, err := m.links.LinkByIndex(int(ifindex)); err == nil {
-		name = link.Attrs().Name
-	}
-	m.devices[ifindex] = name
-	return name
 }
 
 // Counts says how many events were lost on the way (the socket's buffer

@@ -28,7 +28,7 @@ type Monitor struct {
 	rd                        *ringbuf.Reader
 	// monoOffset turns the events' CLOCK_MONOTONIC stamps into wall time.
 	monoOffset time.Duration
-	devices    map[uint32]string
+	devices    *model.DeviceNames
 }
 
 // DefaultMonitorRate and DefaultMonitorBurst bound the events per CPU:
@@ -46,7 +46,13 @@ func OpenMonitor(pinPath string, rate, burst uint32) (_ *Monitor, err error) {
 	if rate == 0 {
 		return nil, errors.New("monitor: a rate of 0 events a second reports nothing")
 	}
-	m := &Monitor{devices: map[uint32]string{}}
+	m := &Monitor{devices: model.NewDeviceNames(func(ifindex int) (string, error) {
+		ifi, err := net.InterfaceByIndex(ifindex)
+		if err != nil {
+			return "", err
+		}
+		return ifi.Name, nil
+	})}
 	defer func() {
 		if err != nil {
 			m.close()
@@ -132,26 +138,12 @@ func (m *Monitor) decode(raw xbpf.Event) model.MonitorEvent {
 		ev.Hook = "socket"
 	}
 	if ev.Hook != "socket" {
-		ev.Device = m.device(raw.Ifindex)
+		ev.Device = m.devices.Name(raw.Ifindex) // the node's namespace: the agent's and this one's
 	}
 	if raw.Proto == uint8(model.TCP) {
 		ev.TCPFlags = model.TCPFlagNames(raw.TcpFlags)
 	}
 	return ev
-}
-
-// device names an interface of this network namespace (the node's), or
-// gives its index when it is gone.
-func (m *Monitor) device(ifindex uint32) string {
-	if name, ok := m.devices[ifindex]; ok {
-		return name
-	}
-	name := fmt.Sprintf("if%d", ifindex)
-	if ifi, err := net.InterfaceByIndex(int(ifindex)); err == nil {
-		name = ifi.Name
-	}
-	m.devices[ifindex] = name
-	return name
 }
 
 // Counts reads what the datapath did not write since the monitor opened,

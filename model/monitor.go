@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -61,4 +62,34 @@ func TCPFlagNames(f uint8) string {
 		}
 	}
 	return out
+}
+
+// DeviceNames names the interfaces monitor events carry by index, looking
+// each index up once. A device gone before its first lookup keeps the
+// name ifN.
+type DeviceNames struct {
+	lookup func(ifindex int) (string, error)
+	names  map[uint32]string
+}
+
+// NewDeviceNames names devices with lookup (an interface's name in the
+// namespace the monitor watches).
+func NewDeviceNames(lookup func(ifindex int) (string, error)) *DeviceNames {
+	return &DeviceNames{lookup: lookup, names: map[uint32]string{}}
+}
+
+// Name is the device's name; "" for index 0 (no device).
+func (d *DeviceNames) Name(ifindex uint32) string {
+	if ifindex == 0 {
+		return ""
+	}
+	if name, ok := d.names[ifindex]; ok {
+		return name
+	}
+	name := fmt.Sprintf("if%d", ifindex)
+	if n, err := d.lookup(int(ifindex)); err == nil {
+		name = n
+	}
+	d.names[ifindex] = name
+	return name
 }

@@ -26,8 +26,15 @@ import (
 // flags and waits until it listens.
 func startMonitor(t *testing.T, w *harness.Single, extra ...string) (*lab.Process, string) {
 	t.Helper()
+	return startMonitorArgs(t, w, append([]string{"-o", "json", "--pin-path", w.PinPath}, extra...)...)
+}
+
+// startMonitorArgs runs `xvs monitor ARGS` in the node namespace and waits until
+// it listens; it returns the process and the file of its output.
+func startMonitorArgs(t *testing.T, w *harness.Single, args ...string) (*lab.Process, string) {
+	t.Helper()
 	log := filepath.Join(t.TempDir(), "monitor.log")
-	p, err := lab.Start(w.Node.NS, log, w.Bin, append([]string{"monitor", "-o", "json", "--pin-path", w.PinPath}, extra...)...)
+	p, err := lab.Start(w.Node.NS, log, w.Bin, append([]string{"monitor"}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,18 +302,7 @@ func TestPrivIPVSMonitor(t *testing.T) {
 	}
 
 	// The text output, as an operator reads it.
-	log = filepath.Join(t.TempDir(), "text.log")
-	text, err := lab.Start(w.Node.NS, log, w.Bin, "monitor", "--proxy-mode", "ipvs", "--count", "1", "--timeout", "20s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = text.Stop(5 * time.Second) })
-	if err := w.WaitCount("monitor listening", 1, 10*time.Second, func() (int, error) {
-		b, err := os.ReadFile(log)
-		return strings.Count(string(b), "listening for drop and reject events"), err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	text, log := startMonitorArgs(t, w, "--proxy-mode", "ipvs", "--count", "1", "--timeout", "20s")
 	connect(w.Client, client(40005), vip(81), lab.Refused)
 	if err := text.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
