@@ -66,6 +66,9 @@ func (r *scenarioRun) explainIPVS(p model.ExplainPacket) (*model.Explanation, er
 	args := []string{"explain", "--proxy-mode", ModeIPVS, "-o", "json", "--to", p.To.String() + "/" + strings.ToLower(p.Proto.String())}
 	if p.FromHost {
 		args = append(args, "--from-host")
+		if p.From.IsValid() {
+			args = append(args, "--from", p.From.String())
+		}
 	} else {
 		args = append(args, "--from", p.From.String())
 	}
@@ -93,7 +96,8 @@ func explainFor(x explainFunc, xerr string, p *Probe, c client) (*model.Explanat
 	proto, _ := model.ParseProtocol(p.proto)
 	pkt := model.ExplainPacket{From: netip.AddrPortFrom(c.src, 40999), To: p.to, Proto: proto}
 	if host {
-		pkt = model.ExplainPacket{FromHost: true, To: p.to, Proto: proto}
+		// The probe's socket is bound to its source address.
+		pkt = model.ExplainPacket{FromHost: true, From: netip.AddrPortFrom(c.src, 0), To: p.to, Proto: proto}
 	}
 	e, err := x(pkt)
 	if err != nil {

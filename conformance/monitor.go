@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/xvs-lb/xvs/ipvs"
@@ -68,6 +69,7 @@ func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *model.Explan
 		return
 	}
 	seen := map[string]int{}
+	var others []string // other tuples' events, for the report of a miss
 	end := time.Now().Add(monitorWait)
 	for {
 		ev, err := m.Read(end)
@@ -86,11 +88,16 @@ func (r *scenarioRun) checkMonitor(step int, p *Probe, c client, x *model.Explan
 				return
 			}
 			seen[ev.Type+" "+ev.Reason]++
+		} else if len(others) < 3 {
+			others = append(others, fmt.Sprintf("%s %s %s %s -> %s", ev.Type, ev.Reason, ev.Protocol, ev.Source, ev.Destination))
 		}
 	}
 	got := "no event"
 	if len(seen) > 0 {
 		got = fmt.Sprintf("other events for the probe: %v", seen)
+	}
+	if len(others) > 0 {
+		got += fmt.Sprintf(" (events for other packets meanwhile: %s)", strings.Join(others, "; "))
 	}
 	r.reportMonitor(step, p.Name, want, got, false)
 }

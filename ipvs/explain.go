@@ -36,9 +36,9 @@ func Explain(cfg Config, p model.ExplainPacket) (*model.Explanation, error) {
 		return nil, err
 	}
 	src := p.From.Addr().Unmap()
-	if p.FromHost {
-		// A socket of the node: its source is the one routing gives it
-		// (for a VIP on the dummy interface, the VIP itself).
+	if p.FromHost && !p.From.IsValid() {
+		// An unbound socket of the node: its source is the one routing
+		// gives it (for a VIP on the dummy interface, the VIP itself).
 		if src, err = routeSource(p.To.Addr()); err != nil {
 			return nil, err
 		}

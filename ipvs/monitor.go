@@ -49,9 +49,10 @@ const (
 	nfulnlMsgPacket = 0
 	nfulnlMsgConfig = 1
 
-	nfulaCfgCmd   = 1
-	nfulaCfgMode  = 2
-	nfulaCfgFlags = 6
+	nfulaCfgCmd     = 1
+	nfulaCfgMode    = 2
+	nfulaCfgQThresh = 5
+	nfulaCfgFlags   = 6
 
 	nfulnlCfgCmdBind   = 1
 	nfulnlCfgCmdUnbind = 2
@@ -131,7 +132,13 @@ func OpenMonitor() (_ *Monitor, err error) {
 	binary.BigEndian.PutUint32(mode, monitorSnap)
 	mode[4] = nfulnlCopyPacket
 	flags := binary.BigEndian.AppendUint16(nil, nfulnlCfgFSeq)
-	if err := m.config(append(nla(nfulaCfgMode, mode), nla(nfulaCfgFlags, flags)...)); err != nil {
+	// The kernel batches 100 packets or a second by default
+	// (NFULNL_QTHRESH_DEFAULT, NFULNL_TIMEOUT_DEFAULT): a monitor wants
+	// each packet as it is dropped. The rules' rate limit bounds how
+	// many messages that makes.
+	qthresh := binary.BigEndian.AppendUint32(nil, 1)
+	attrs := append(nla(nfulaCfgMode, mode), nla(nfulaCfgFlags, flags)...)
+	if err := m.config(append(attrs, nla(nfulaCfgQThresh, qthresh)...)); err != nil {
 		m.config(nla(nfulaCfgCmd, []byte{nfulnlCfgCmdUnbind}))
 		return nil, fmt.Errorf("monitor: configure NFLOG group %d: %w", MonitorGroup, err)
 	}

@@ -14,10 +14,12 @@ type ExplainPacket struct {
 	From, To    netip.AddrPort
 	Proto       Protocol
 	Established bool
-	// FromHost: a socket of the node's own network namespace (From is
-	// not used: the node's address stands in). In ebpf mode the socket
-	// hooks balance its connect() or sendmsg() before any packet exists;
-	// in ipvs mode IPVS takes its packets at LOCAL_OUT.
+	// FromHost: a socket of the node's own network namespace. In ebpf
+	// mode the socket hooks balance its connect() or sendmsg() before any
+	// packet exists, and From is not used (the node's address stands in);
+	// in ipvs mode IPVS takes its packets at LOCAL_OUT, from the address
+	// the socket is bound to (From's, when valid) or else the one routing
+	// gives it.
 	FromHost bool
 	// Ifindex is the interface the packet arrives on (0: none; routes are
 	// then looked up as for a packet of no interface).

@@ -34,7 +34,7 @@ func runExplain(args []string) error {
 	fromPod := fs.String("from-pod", "", "the client is this pod, NAMESPACE/NAME: its address of the destination's family (status.podIPs, read from the API server with --kubeconfig, or the in-cluster service account, which needs get on pods), source port --from-port")
 	fromPort := fs.Uint("from-port", 40999, "with --from-pod: the client's source port")
 	kubeconfig := fs.String("kubeconfig", "", "with --from-pod: the kubeconfig to read the pod with (default: the in-cluster service account)")
-	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): in ebpf mode the socket hooks' decision at its connect() or sendmsg()")
+	fromHost := fs.Bool("from-host", false, "a socket of this node itself (a hostNetwork pod, the kubelet): in ebpf mode the socket hooks' decision at its connect() or sendmsg(); with --from, in ipvs mode, a socket bound to that address (else routing picks the source)")
 	to := fs.String("to", "", "the destination, ADDR:PORT[/tcp|udp|sctp] (required; TCP when no protocol is given)")
 	established := fs.Bool("established", false, "TCP: a segment of an open connection (an ACK) instead of a SYN")
 	dev := fs.String("dev", "", "the interface the packet arrives on (routes are looked up from it)")
@@ -93,13 +93,13 @@ func explainPacket(from, to string, established bool, dev string, fromHost bool)
 	switch {
 	case to == "":
 		return p, fmt.Errorf("--to is required")
-	case fromHost && (from != "" || established || dev != ""):
-		return p, fmt.Errorf("--from-host takes none of --from, --established, --dev: a host socket is balanced at connect() or sendmsg(), from the node's own address")
+	case fromHost && (established || dev != ""):
+		return p, fmt.Errorf("--from-host takes neither --established nor --dev: a host socket is balanced at connect() or sendmsg()")
 	case !fromHost && from == "":
 		return p, fmt.Errorf("--from (or --from-host) is required")
 	}
 	var err error
-	if !fromHost {
+	if from != "" {
 		if p.From, err = netip.ParseAddrPort(from); err != nil {
 			return p, fmt.Errorf("--from: %w", err)
 		}
