@@ -373,6 +373,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The initial list and the first sync hold the whole world at once:
+	// collect harder until it is applied (syncer.raiseGC).
+	a.syncer.lowerGC()
 	if a.kube != nil {
 		if err := a.kube.startInformers(ctx, a.tracker, c.ConfigSyncPeriod.Duration, o.ServiceProxyName, a.syncer.onEvent); err != nil {
 			if ctx.Err() != nil { // stopped while waiting for the API server

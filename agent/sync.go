@@ -72,6 +72,10 @@ type syncer struct {
 	summary   stateSummary
 	// synced is set by the first sync that reached the datapath.
 	synced bool
+	// restoreGC puts the garbage collector's target back once a full
+	// sync (or the start, until the first sync) is over; nil when it is
+	// not lowered. Set before the runner starts, then only by sync.
+	restoreGC func()
 }
 
 // healthServers is what the syncer needs of healthcheck.ServiceHealth.
@@ -172,6 +176,7 @@ func (s *syncer) sync(ctx context.Context) error {
 	start := time.Now()
 	if s.lastFull.IsZero() || start.Sub(s.lastFull) >= s.fullSyncPeriod {
 		s.tracker.ForceFullSync()
+		s.lowerGC()
 	}
 	// Changes counted before Build are in this State; later ones wait
 	// for the next sync.
@@ -182,6 +187,9 @@ func (s *syncer) sync(ctx context.Context) error {
 	s.mu.Unlock()
 
 	b := s.tracker.Build()
+	if b.Full {
+		s.lowerGC()
+	}
 	s.reportProblems(b.Problems)
 	if err := s.guardFirstSync(ctx, b.State); err != nil {
 		s.log.Error("Not applying the first sync; the datapath keeps what it has", "err", err)
@@ -223,8 +231,25 @@ func (s *syncer) sync(ctx context.Context) error {
 		// collection (at 100k Services, hundreds of MiB).
 		debug.FreeOSMemory()
 	}
+	s.raiseGC()
 	s.recordSync(b, fams, triggers, svcs, eps, start, end)
 	return nil
+}
+
+// lowerGC lowers the garbage collector's target for a full sync
+// (controller.LowerGCTarget); a failed one stays lowered for its retry.
+func (s *syncer) lowerGC() {
+	if s.restoreGC == nil {
+		s.restoreGC = controller.LowerGCTarget()
+	}
+}
+
+// raiseGC puts the target back after a sync that reached the datapath.
+func (s *syncer) raiseGC() {
+	if s.restoreGC != nil {
+		s.restoreGC()
+		s.restoreGC = nil
+	}
 }
 
 // retryLater makes the next sync a full one that also answers for this

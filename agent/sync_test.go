@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,8 @@ import (
 type recordingDatapath struct {
 	states []*model.State
 	fail   error
+	// gcPercent is the garbage collector's target during each Sync.
+	gcPercent []int
 }
 
 func (d *recordingDatapath) Sync(_ context.Context, st *model.State) error {
@@ -35,7 +39,15 @@ func (d *recordingDatapath) Sync(_ context.Context, st *model.State) error {
 		return d.fail
 	}
 	d.states = append(d.states, st)
+	d.gcPercent = append(d.gcPercent, gcPercent())
 	return nil
+}
+
+// gcPercent reads the garbage collector's target.
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
 }
 func (d *recordingDatapath) Mode() string       { return "test" }
 func (d *recordingDatapath) Problems() []string { return nil }
@@ -206,6 +218,7 @@ func TestSyncerPeriodicFullSync(t *testing.T) {
 		syncPeriod: time.Minute, fullSyncPeriod: 200 * time.Millisecond, ccfg: cfg})
 	s.svcHealth = &recordingHealthServers{}
 	tr.OnServiceAdd(lbService(false))
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	for range 3 {
 		if err := s.sync(context.Background()); err != nil {
 			t.Fatal(err)
@@ -217,6 +230,14 @@ func TestSyncerPeriodicFullSync(t *testing.T) {
 	time.Sleep(250 * time.Millisecond)
 	if err := s.sync(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	// Full syncs (the first, and the periodic one) collect harder; the
+	// target is back to the default after each and during deltas.
+	if want := []int{controller.FullSyncGCPercent, 100, 100, controller.FullSyncGCPercent}; !slices.Equal(dp.gcPercent, want) {
+		t.Errorf("GC target during the syncs: %v, want %v", dp.gcPercent, want)
+	}
+	if p := gcPercent(); p != 100 {
+		t.Errorf("GC target after the syncs: %d, want 100 again", p)
 	}
 	out, err := testutil.CollectAndFormat(m.SyncFullProxyRulesLatency, expfmt.TypeTextPlain,
 		"kubeproxy_sync_full_proxy_rules_duration_seconds")
