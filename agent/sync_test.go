@@ -42,6 +42,8 @@ func (d *recordingDatapath) Sync(_ context.Context, st *model.State) error {
 	d.gcPercent = append(d.gcPercent, gcPercent())
 	return nil
 }
+func (d *recordingDatapath) Mode() string       { return "test" }
+func (d *recordingDatapath) Problems() []string { return nil }
 
 // gcPercent reads the garbage collector's target.
 func gcPercent() int {
@@ -49,8 +51,6 @@ func gcPercent() int {
 	debug.SetGCPercent(p)
 	return p
 }
-func (d *recordingDatapath) Mode() string       { return "test" }
-func (d *recordingDatapath) Problems() []string { return nil }
 
 func ptrTo[T any](v T) *T { return &v }
 

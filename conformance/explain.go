@@ -66,10 +66,8 @@ func (r *scenarioRun) explainIPVS(p model.ExplainPacket) (*model.Explanation, er
 	args := []string{"explain", "--proxy-mode", ModeIPVS, "-o", "json", "--to", p.To.String() + "/" + strings.ToLower(p.Proto.String())}
 	if p.FromHost {
 		args = append(args, "--from-host")
-		if p.From.IsValid() {
-			args = append(args, "--from", p.From.String())
-		}
-	} else {
+	}
+	if p.From.IsValid() { // a host socket's: the address it is bound to
 		args = append(args, "--from", p.From.String())
 	}
 	out, err := lab.Run(r.w.node.NS, r.opts.Bin, args...)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -137,8 +138,7 @@ func OpenMonitor() (_ *Monitor, err error) {
 	// each packet as it is dropped. The rules' rate limit bounds how
 	// many messages that makes.
 	qthresh := binary.BigEndian.AppendUint32(nil, 1)
-	attrs := append(nla(nfulaCfgMode, mode), nla(nfulaCfgFlags, flags)...)
-	if err := m.config(append(attrs, nla(nfulaCfgQThresh, qthresh)...)); err != nil {
+	if err := m.config(slices.Concat(nla(nfulaCfgMode, mode), nla(nfulaCfgFlags, flags), nla(nfulaCfgQThresh, qthresh))); err != nil {
 		m.config(nla(nfulaCfgCmd, []byte{nfulnlCfgCmdUnbind}))
 		return nil, fmt.Errorf("monitor: configure NFLOG group %d: %w", MonitorGroup, err)
 	}
