@@ -142,9 +142,9 @@ func sliceEndpoints(cfg *Config, s *Slice) []endpoint {
 			Serving:     e.Serving,
 			Terminating: e.Terminating,
 			Weight:      1,
-		}}
+		}, target: e.Target}
 		if x := e.Extra; x != nil {
-			out[i].target, out[i].zoneHints, out[i].nodeHints = x.Target, x.Zones, x.Nodes
+			out[i].zoneHints, out[i].nodeHints = x.Zones, x.Nodes
 		}
 	}
 	return out

@@ -378,7 +378,7 @@ func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if es, ok := sliceOf(obj); ok {
-				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnSliceAdd(es), TriggerTime: triggerTime(es.Annotations), AddressType: es.AddressType})
+				s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnSliceAdd(es), TriggerTime: es.TriggerTime, AddressType: es.AddressType})
 			} else {
 				s.unexpected("EndpointSlice", obj)
 			}
@@ -390,7 +390,7 @@ func (s *InformerSource) sliceHandler() cache.ResourceEventHandler {
 				s.unexpected("EndpointSlice", obj)
 				return
 			}
-			s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnSliceUpdate(old, es), TriggerTime: triggerTime(es.Annotations),
+			s.emit(Event{Kind: "EndpointSlice", Changed: s.h.OnSliceUpdate(old, es), TriggerTime: es.TriggerTime,
 				AddressType: es.AddressType})
 		},
 		DeleteFunc: func(obj any) {
@@ -424,10 +424,12 @@ func triggerTime(annotations map[string]string) time.Time {
 // cache it drops what the proxy never reads, so that the cache of a large
 // cluster costs a fraction of the objects' size. Gone are managedFields
 // (often larger than the object itself), every annotation but xvs's own
-// and the EndpointSlice trigger time (kubectl's last-applied-configuration
-// copies the whole object), and the Node's status beyond its addresses.
-// EndpointSlices become Slices: their endpoints parsed down to what the
-// translation reads, at a quarter of the size. It changes the object in
+// (kubectl's last-applied-configuration copies the whole object), a
+// Service's selector, owners, finalizers and every label but the two that
+// decide whether this proxy serves it (a chart's half a dozen labels are
+// a map each), and the Node's status beyond its addresses. EndpointSlices
+// become Slices: their endpoints parsed down to what the translation
+// reads, at a quarter of the size. It changes the object in
 // place, as client-go allows, and passes anything else through (a
 // tombstone, an object already transformed).
 func TrimObject(obj any) (any, error) {
@@ -435,10 +437,11 @@ func TrimObject(obj any) (any, error) {
 	case *v1.Service:
 		o.ManagedFields = nil
 		o.Annotations = keepAnnotations(o.Annotations, AnnotationScheduler, AnnotationWeights)
+		o.Labels = proxyLabels(o.Labels)
+		o.OwnerReferences, o.Finalizers, o.GenerateName = nil, nil, ""
+		o.Spec.Selector = nil
 		o.Status.Conditions = nil
 	case *discoveryv1.EndpointSlice:
-		o.ManagedFields = nil
-		o.Annotations = keepAnnotations(o.Annotations, v1.EndpointsLastChangeTriggerTime)
 		return NewSlice(o), nil
 	case *v1.Node:
 		o.ManagedFields = nil

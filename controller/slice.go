@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"net/netip"
+	"time"
 	"unique"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,11 +20,16 @@ import (
 //
 // A Slice has an ObjectMeta, so the informers' cache can key it. Its
 // Labels keep only those the proxy reads (headless, service-proxy-name);
-// the Service's name is a field of its own.
+// the Service's name and the trigger-time annotation are fields of their
+// own (a map per slice costs more than its endpoints' addresses).
 type Slice struct {
 	metav1.ObjectMeta
 	// Service is the kubernetes.io/service-name label ("": none).
-	Service     string
+	Service string
+	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
+	// annotation: when the Pod or Service change that produced this
+	// version happened (zero: absent or unreadable).
+	TriggerTime time.Time
 	AddressType discoveryv1.AddressType
 	Ports       []slicePort
 	// Endpoints are those with a usable address of the slice's family
@@ -44,14 +50,15 @@ type SliceEndpoint struct {
 	// NodeName is interned: a million endpoints share a few hundred
 	// node names.
 	NodeName unique.Handle[string]
+	// Target is the targetRef's name (the pod), for weights. Nearly
+	// every endpoint has one: it is a field, not part of Extra.
+	Target string
 	// Extra holds what most endpoints lack (nil: none).
 	Extra *SliceEndpointExtra
 }
 
 // SliceEndpointExtra is the rarer part of an endpoint.
 type SliceEndpointExtra struct {
-	// Target is the targetRef's name (the pod), for weights.
-	Target string
 	// Zones and Nodes are the topology hints.
 	Zones, Nodes []string
 }
@@ -89,9 +96,10 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 	out := &Slice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-			Labels: proxyLabels(s.Labels), Annotations: s.Annotations, DeletionTimestamp: s.DeletionTimestamp,
+			Labels: proxyLabels(s.Labels), DeletionTimestamp: s.DeletionTimestamp,
 		},
 		Service:     s.Labels[discoveryv1.LabelServiceName],
+		TriggerTime: triggerTime(s.Annotations),
 		AddressType: s.AddressType,
 	}
 	fam, ok := addressFamily(s.AddressType)
@@ -126,7 +134,7 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 			ep.NodeName = unique.Make(*e.NodeName)
 		}
 		if e.TargetRef != nil && e.TargetRef.Name != "" {
-			ep.extra().Target = e.TargetRef.Name
+			ep.Target = e.TargetRef.Name
 		}
 		if h := e.Hints; h != nil {
 			for _, z := range h.ForZones {

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -465,6 +467,11 @@ func TestTrimObject(t *testing.T) {
 	big := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	svc := newSvc("a", nodePort(30080), etpLocal, svcLabel("app", "a"))
 	svc.ManagedFields = big
+	svc.Labels["app.kubernetes.io/name"] = "a"
+	svc.Labels["helm.sh/chart"] = "a-1.0.0"
+	svc.Spec.Selector = map[string]string{"app.kubernetes.io/name": "a"}
+	svc.OwnerReferences = []metav1.OwnerReference{{Kind: "HelmRelease", Name: "a"}}
+	svc.Finalizers = []string{"service.kubernetes.io/load-balancer-cleanup"}
 	svc.Annotations = map[string]string{
 		"kubectl.kubernetes.io/last-applied-configuration": `{"a very":"long copy"}`,
 		AnnotationScheduler: "rr",
@@ -509,11 +516,23 @@ func TestTrimObject(t *testing.T) {
 	if tsvc.ManagedFields != nil || len(tsvc.Annotations) != 1 || tsvc.Annotations[AnnotationScheduler] != "rr" {
 		t.Errorf("service keeps managedFields %v, annotations %v", tsvc.ManagedFields, tsvc.Annotations)
 	}
-	if tsl.ManagedFields != nil || len(tsl.Annotations) != 1 || tsl.Endpoints[0].Extra == nil || tsl.Endpoints[0].Extra.Target != "pod-a" || tsl.Name != sl.Name || tsl.UID != sl.UID {
+	if tsvc.Labels != nil || tsvc.Spec.Selector != nil || tsvc.OwnerReferences != nil || tsvc.Finalizers != nil {
+		t.Errorf("service keeps labels %v, selector %v, owners %v, finalizers %v", tsvc.Labels, tsvc.Spec.Selector, tsvc.OwnerReferences, tsvc.Finalizers)
+	}
+	if tsvc.Name != svc.Name || tsvc.Namespace != svc.Namespace || tsvc.UID != svc.UID || tsvc.ResourceVersion != svc.ResourceVersion {
+		t.Errorf("service loses what an Event's reference needs: %+v", tsvc.ObjectMeta)
+	}
+	if tsl.ManagedFields != nil || tsl.Annotations != nil || !tsl.TriggerTime.Equal(time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)) ||
+		tsl.Endpoints[0].Target != "pod-a" || tsl.Name != sl.Name || tsl.UID != sl.UID {
 		t.Errorf("slice keeps %v %v %+v", tsl.ManagedFields, tsl.Annotations, tsl.Endpoints[0])
 	}
 	if tnode.Status.Images != nil || len(tnode.Spec.Taints) != 1 || len(tnode.Status.Addresses) == 0 {
 		t.Errorf("node keeps images %v, taints %v, addresses %v", tnode.Status.Images, tnode.Spec.Taints, tnode.Status.Addresses)
+	}
+	// The labels that decide whether this proxy serves a Service stay.
+	named := trim(newSvc("b", svcLabel("app", "b"), svcLabel(LabelServiceProxyName, "other"))).(*v1.Service)
+	if !maps.Equal(named.Labels, map[string]string{LabelServiceProxyName: "other"}) {
+		t.Errorf("service-proxy-name label: labels trimmed to %v", named.Labels)
 	}
 	if o, err := TrimObject("a tombstone"); err != nil || o != "a tombstone" {
 		t.Errorf("other objects: %v %v", o, err)

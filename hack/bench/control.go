@@ -24,6 +24,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
@@ -388,19 +389,27 @@ func htons(p uint16) uint16 { return p<<8 | p>>8 }
 // controlObjects are n Services (ClusterIP VIPs as in the per-packet
 // benchmark, port 80 to 8080) and one EndpointSlice each with 10 ready
 // endpoints (no endpoint is shared), in the form the agent's informers
-// cache them: each object made as the API would send it, then passed
-// through controller.TrimObject, the informers' transform (which makes
-// EndpointSlices controller.Slices).
+// cache them: each object made as the API would send it for a Deployment
+// installed by a chart (a chart's labels, a selector, the Pods' node
+// names and references, the EndpointSlice controller's labels, owner and
+// annotation), then passed through controller.TrimObject, the informers'
+// transform (which makes EndpointSlices controller.Slices).
 func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 	svcs := make([]*v1.Service, n)
 	sls := make([]*controller.Slice, n)
 	for i := range n {
 		vip := vipOf(i).String()
+		name := controlName(i)
 		svc := &v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: controlName(i), Namespace: "bench", ResourceVersion: "1"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", ResourceVersion: "1",
+				UID: types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)), CreationTimestamp: controlCreated,
+				Labels: chartLabels(name), Annotations: map[string]string{"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": "bench"}},
 			Spec: v1.ServiceSpec{
 				Type: v1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
-				Ports: []v1.ServicePort{{Name: "http", Port: servicePort, TargetPort: intstr.FromInt32(backendPort), Protocol: v1.ProtocolTCP}},
+				Ports:      []v1.ServicePort{{Name: "http", Port: servicePort, TargetPort: intstr.FromInt32(backendPort), Protocol: v1.ProtocolTCP}},
+				Selector:   map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name},
+				IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, IPFamilyPolicy: ptr(v1.IPFamilyPolicySingleStack),
+				SessionAffinity: v1.ServiceAffinityNone, InternalTrafficPolicy: ptr(v1.ServiceInternalTrafficPolicyCluster),
 			},
 		}
 		svcs[i] = informerCached(svc).(*v1.Service)
@@ -411,13 +420,33 @@ func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 
 func controlName(i int) string { return "svc-" + strconv.Itoa(i) }
 
+// controlCreated is every benchmark object's creation time.
+var controlCreated = metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+
+// chartLabels are the labels a Helm chart puts on its objects.
+func chartLabels(name string) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name,
+		"app.kubernetes.io/version": "1.0.0", "app.kubernetes.io/managed-by": "Helm",
+		"helm.sh/chart": name + "-1.0.0",
+	}
+}
+
 // controlSlice is Service i's EndpointSlice with its 10 endpoints, plus
 // one when eps is 11 (the changes' extra endpoint, outside every other
 // Service's).
 func controlSlice(i, eps int, rv string) *discoveryv1.EndpointSlice {
+	name := controlName(i)
+	labels := chartLabels(name)
+	labels[discoveryv1.LabelServiceName] = name
+	labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
 	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: controlName(i) + "-1", Namespace: "bench", ResourceVersion: rv,
-			Labels: map[string]string{discoveryv1.LabelServiceName: controlName(i)}},
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Namespace: "bench", ResourceVersion: rv,
+			UID: types.UID(fmt.Sprintf("00000000-0000-4000-9000-%012d", i)), CreationTimestamp: controlCreated,
+			GenerateName: name + "-", Labels: labels,
+			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-12-01T00:00:00Z"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
+				UID: types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(backendPort)), Protocol: ptr(v1.ProtocolTCP)}},
 	}
@@ -426,9 +455,12 @@ func controlSlice(i, eps int, rv string) *discoveryv1.EndpointSlice {
 		if j >= backendsPerService {
 			addr = addAddr(vipBase, -1-i) // below every VIP and backend
 		}
+		pod := fmt.Sprintf("%s-5d8c7b9f6-%05d", name, j)
 		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{addr.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+			NodeName:   ptr(fmt.Sprintf("node-%d", j)),
+			TargetRef:  &v1.ObjectReference{Kind: "Pod", Namespace: "bench", Name: pod, UID: types.UID(fmt.Sprintf("00000000-0000-4000-a000-%06d%06d", i, j))},
 		})
 	}
 	return sl
