@@ -47,7 +47,6 @@ func collectEndpoints(cfg *Config, sl []*Slice) (map[slicePortKey]*familyEndpoin
 	slices.SortFunc(sl, func(a, b *Slice) int { return strings.Compare(a.Name, b.Name) })
 
 	out := make(map[slicePortKey]*familyEndpoints)
-	index := make(map[slicePortKey]map[netip.AddrPort]int)
 	var probs []Problem
 	for _, s := range sl {
 		if !cfg.selects(s.Labels) {
@@ -64,37 +63,45 @@ func collectEndpoints(cfg *Config, sl []*Slice) (map[slicePortKey]*familyEndpoin
 		if len(s.Reasons) > 0 {
 			probs = append(probs, sliceProblem(s, joinReasons(s.Reasons)))
 		}
-		eps := sliceEndpoints(cfg, s)
 		for _, p := range s.Ports {
 			fe := out[p.key]
 			if fe == nil {
 				fe = new(familyEndpoints)
 				out[p.key] = fe
-				index[p.key] = make(map[netip.AddrPort]int)
 			}
-			for _, ep := range eps {
-				ep.Port = p.port
-				ap := ep.AddrPort()
-				// kube-proxy keeps the first occurrence, except that a
-				// local copy wins ("isLocal should not vary between
-				// matching endpoints, but if it does, we favor true").
-				if i, dup := index[p.key][ap]; dup {
-					if ep.Local {
-						fe[fam][i] = ep
-					}
-					continue
-				}
-				index[p.key][ap] = len(fe[fam])
-				fe[fam] = append(fe[fam], ep)
+			fe[fam] = slices.Grow(fe[fam], len(s.Endpoints))
+			for i := range s.Endpoints {
+				fe[fam] = append(fe[fam], sliceEndpoint(cfg, &s.Endpoints[i], p.port))
 			}
 		}
 	}
 	for _, fe := range out {
 		for f := range fe {
-			slices.SortFunc(fe[f], func(a, b endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
+			fe[f] = dedupe(fe[f])
 		}
 	}
 	return out, probs
+}
+
+// dedupe sorts endpoints by address and port and keeps one of each as
+// kube-proxy does: the first occurrence, except that a local copy wins
+// ("isLocal should not vary between matching endpoints, but if it does,
+// we favor true"). The sort is stable, so duplicates stay in the order the
+// slices listed them; no index map is built (a Service's endpoints are
+// merged at every change of it, and at every full sync for all of them).
+func dedupe(eps []endpoint) []endpoint {
+	slices.SortStableFunc(eps, func(a, b endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
+	out := eps[:0]
+	for _, ep := range eps {
+		if n := len(out); n > 0 && out[n-1].AddrPort() == ep.AddrPort() {
+			if ep.Local {
+				out[n-1] = ep
+			}
+			continue
+		}
+		out = append(out, ep)
+	}
+	return out
 }
 
 type slicePort struct {
@@ -130,22 +137,20 @@ func parseSlicePorts(s *discoveryv1.EndpointSlice) ([]slicePort, []string) {
 	return out, reasons
 }
 
-// sliceEndpoints gives a slice's endpoints this node's view: which are
-// local.
-func sliceEndpoints(cfg *Config, s *Slice) []endpoint {
-	out := make([]endpoint, len(s.Endpoints))
-	for i, e := range s.Endpoints {
-		out[i] = endpoint{Endpoint: model.Endpoint{
-			Addr:        e.Addr,
-			Local:       cfg.NodeName != "" && e.Node() == cfg.NodeName,
-			Ready:       e.Ready,
-			Serving:     e.Serving,
-			Terminating: e.Terminating,
-			Weight:      1,
-		}, target: e.Target}
-		if x := e.Extra; x != nil {
-			out[i].zoneHints, out[i].nodeHints = x.Zones, x.Nodes
-		}
+// sliceEndpoint is a Slice's endpoint on one of its ports, with this
+// node's view of it: whether it is local.
+func sliceEndpoint(cfg *Config, e *SliceEndpoint, port uint16) endpoint {
+	out := endpoint{Endpoint: model.Endpoint{
+		Addr:        e.Addr,
+		Port:        port,
+		Local:       cfg.NodeName != "" && e.Node() == cfg.NodeName,
+		Ready:       e.Ready,
+		Serving:     e.Serving,
+		Terminating: e.Terminating,
+		Weight:      1,
+	}, target: e.Target}
+	if x := e.Extra; x != nil {
+		out.zoneHints, out.nodeHints = x.Zones, x.Nodes
 	}
 	return out
 }

@@ -238,6 +238,27 @@ func TestDuplicateEndpointPrefersLocal(t *testing.T) {
 	}
 }
 
+// Of duplicates that are not local, the first in slice-name order is
+// kept, whatever order the slices and their endpoints come in.
+func TestDuplicateEndpointFirstWins(t *testing.T) {
+	p := []discoveryv1.EndpointPort{slicePortOf("http", 8080)}
+	for _, tc := range []struct {
+		first, second string
+		want          []string
+	}{
+		{"a", "b", []string{"10.0.0.2:8080"}},                  // the not-ready copy is first
+		{"b", "a", []string{"10.0.0.1:8080", "10.0.0.2:8080"}}, // the ready copy is first
+	} {
+		sp, _ := translateOne(t, testConfig(), nil, newSvc("s"),
+			newSlice("s", tc.second, discoveryv1.AddressTypeIPv4, p, newEP("10.0.0.2"), newEP("10.0.0.1")),
+			newSlice("s", tc.first, discoveryv1.AddressTypeIPv4, p, newEP("10.0.0.1", conds(false, false, false))),
+		)
+		if got := epStrings(sp.ClusterEndpoints); !equalStrings(got, tc.want) {
+			t.Errorf("not-ready copy in slice %q, ready copy in %q: endpoints %q, want %q", tc.first, tc.second, got, tc.want)
+		}
+	}
+}
+
 // Same port number on TCP and UDP are independent ServicePorts (§3.2).
 func TestProtocolsAreIndependent(t *testing.T) {
 	svc := newSvc("dns", ports(
