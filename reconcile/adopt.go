@@ -129,7 +129,7 @@ func (d *Datapath) Adopt(flows []AdoptedFlow) (AdoptResult, error) {
 			res.Skipped[AdoptNotServed]++
 			continue
 		}
-		be, ok := d.backends[maps.NewBackendKey(f.Backend.Addr().Unmap(), f.Backend.Port(), f.Proto)]
+		be, ok := d.backends.get(maps.NewBackendKey(f.Backend.Addr().Unmap(), f.Backend.Port(), f.Proto))
 		if !ok || be.refs == 0 {
 			res.Skipped[AdoptNoBackend]++
 			continue

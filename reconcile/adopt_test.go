@@ -75,7 +75,8 @@ func TestAdopt(t *testing.T) {
 			}
 			// The plain flow, entry by entry.
 			svcID, _ := d.svcIDs.lookup(maps.FrontendKey{Addr: netip.MustParseAddr("172.30.0.10"), Port: 80, Proto: model.TCP})
-			beID := d.backends[maps.NewBackendKey(netip.MustParseAddr("10.244.1.2"), 8080, model.TCP)].id
+			plainBE, _ := d.backends.get(maps.NewBackendKey(netip.MustParseAddr("10.244.1.2"), 8080, model.TCP))
+			beID := plainBE.id
 			now, _ := maps.MonotonicNow()
 			fk, _, rk, _ := adoptedEntries(plain, svcID, beID, now)
 			fe, ok := ct.m[fk]
@@ -91,7 +92,8 @@ func TestAdopt(t *testing.T) {
 			}
 			// A masqueraded connection keeps its masquerade address and
 			// port; its reply entry is keyed by them.
-			mbe := d.backends[maps.NewBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP)].id
+			masqBE, _ := d.backends.get(maps.NewBackendKey(netip.MustParseAddr("10.244.2.3"), 8080, model.TCP))
+			mbe := masqBE.id
 			mfk, _, mrk, _ := adoptedEntries(masqMoved, svcID, mbe, now)
 			snat := tc.flags | uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_SNAT)
 			if me, ok := ct.m[mfk]; !ok || me.Flags != snat || maps.DecodeAddr(me.SnatAddr, mfk.Family) != masqMoved.ReplyTo.Addr() || maps.Ntohs(me.SnatPort) != 51000 {

@@ -148,8 +148,8 @@ func (d *Datapath) reconcileStats() error {
 	for _, id := range d.svcIDs.ids {
 		svcs = append(svcs, id)
 	}
-	bes := make([]uint32, 0, len(d.backends))
-	for _, e := range d.backends {
+	bes := make([]uint32, 0, d.backends.len())
+	for _, e := range d.backends.all() {
 		bes = append(bes, e.id)
 	}
 	for _, t := range []struct {

@@ -90,7 +90,7 @@ type Datapath struct {
 	shown occupancy
 	// backends holds every backend's ID, reference count and the mutable
 	// part of its map value as written.
-	backends map[maps.BackendKey]backendEntry
+	backends backendTable
 	// unreferenced holds backends whose count dropped to zero in this
 	// sync: the candidates for deletion at its end.
 	unreferenced map[maps.BackendKey]struct{}
@@ -211,7 +211,7 @@ func newDatapath(w *mapSet, cfg Config) (*Datapath, error) {
 		previous:     map[model.ServicePortName]*appliedService{},
 		owners:       map[maps.FrontendKey]model.ServicePortName{},
 		counts:       map[maps.FrontendKey]slotCounts{},
-		backends:     map[maps.BackendKey]backendEntry{},
+		backends:     newBackendTable(),
 		unreferenced: map[maps.BackendKey]struct{}{},
 		retry:        map[model.ServicePortName]bool{},
 		problems:     map[model.ServicePortName][]string{},
@@ -277,7 +277,7 @@ func (d *Datapath) recover() error {
 	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
 		bk := maps.NewBackendKey(maps.DecodeAddr(b.Addr, b.Family), maps.Ntohs(b.Port), model.Protocol(b.Proto))
 		if d.backendIDs.claim(*id) {
-			d.backends[bk] = backendEntry{id: *id, weight: b.Weight, flags: b.Flags}
+			d.backends.set(bk, backendEntry{id: *id, weight: b.Weight, flags: b.Flags})
 			d.unreferenced[bk] = struct{}{}
 		}
 	})
@@ -431,7 +431,7 @@ func (d *Datapath) planRemovals(ws *writeSet, released map[maps.FrontendKey]bool
 		if err := d.sweepNodeState(ws); err != nil {
 			return err
 		}
-		for bk, e := range d.backends {
+		for bk, e := range d.backends.all() {
 			if e.refs == 0 {
 				d.unreferenced[bk] = struct{}{}
 			}
@@ -444,10 +444,10 @@ func (d *Datapath) planRemovals(ws *writeSet, released map[maps.FrontendKey]bool
 		d.dropFrontend(fk, ws)
 	}
 	for bk := range d.unreferenced {
-		if e, ok := d.backends[bk]; ok && e.refs == 0 {
+		if e, ok := d.backends.get(bk); ok && e.refs == 0 {
 			ws.delBackends = append(ws.delBackends, e.id)
 			d.backendIDs.free(e.id)
-			delete(d.backends, bk)
+			d.backends.delete(bk)
 			delete(d.node.hostBackends, bk)
 		}
 	}
@@ -502,9 +502,9 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 				if !ok {
 					continue
 				}
-				e := d.backends[bk]
+				e, _ := d.backends.get(bk)
 				e.refs--
-				d.backends[bk] = e
+				d.backends.set(bk, e)
 				if e.refs == 0 {
 					d.unreferenced[bk] = struct{}{}
 				}

@@ -290,9 +290,9 @@ func (d *Datapath) planSlots(fk maps.FrontendKey, scope uint8, eps []model.Endpo
 		if !ok {
 			continue
 		}
-		e := d.backends[bk]
+		e, _ := d.backends.get(bk)
 		e.refs++
-		d.backends[bk] = e
+		d.backends.set(bk, e)
 		id := ids[len(set)]
 		n := uint16(len(set) + 1)
 		ws.slotKeys = append(ws.slotKeys, fk.SvcKey(scope, n))
@@ -436,11 +436,12 @@ func (d *Datapath) undoBackends(ws *writeSet, m wsMark) {
 	for i := len(ws.undo) - 1; i >= m.undo; i-- {
 		u := ws.undo[i]
 		if u.existed {
-			d.backends[u.key] = u.entry
+			d.backends.set(u.key, u.entry)
 			continue
 		}
-		d.backendIDs.free(d.backends[u.key].id)
-		delete(d.backends, u.key)
+		e, _ := d.backends.get(u.key)
+		d.backendIDs.free(e.id)
+		d.backends.delete(u.key)
 		delete(d.unreferenced, u.key)
 	}
 	ws.undo = ws.undo[:m.undo]
@@ -451,7 +452,7 @@ func (d *Datapath) undoBackends(ws *writeSet, m wsMark) {
 // backend returns bk's ID, allocating one for a new backend and queueing
 // a write when the backend is new or its attributes changed.
 func (d *Datapath) backend(bk maps.BackendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
-	e, ok := d.backends[bk]
+	e, ok := d.backends.get(bk)
 	if !ok {
 		id, err := d.backendIDs.alloc()
 		if err != nil {
@@ -470,9 +471,10 @@ func (d *Datapath) backend(bk maps.BackendKey, ep model.Endpoint, ws *writeSet) 
 	}
 	weight := ep.SchedWeight()
 	if !ok || e.weight != weight || e.flags != flags {
-		ws.undo = append(ws.undo, backendUndo{key: bk, entry: d.backends[bk], existed: ok})
+		old, _ := d.backends.get(bk)
+		ws.undo = append(ws.undo, backendUndo{key: bk, entry: old, existed: ok})
 		e.weight, e.flags = weight, flags
-		d.backends[bk] = e
+		d.backends.set(bk, e)
 		addr, fam := maps.EncodeAddr(bk.Addr())
 		ws.backendKeys = append(ws.backendKeys, e.id)
 		ws.backendVals = append(ws.backendVals, xbpf.Backend{

@@ -108,7 +108,7 @@ func (d *Datapath) showOccupancy() {
 		n += len(r)
 	}
 	d.shown.ranges.Store(int64(n))
-	d.shown.backends.Store(int64(len(d.backends)))
+	d.shown.backends.Store(int64(d.backends.len()))
 	d.shown.frontends.Store(int64(d.svcIDs.len()))
 }
 
