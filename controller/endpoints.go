@@ -18,7 +18,7 @@ type endpoint struct {
 	zoneHints []string
 	nodeHints []string
 	// target is the targetRef's name (the pod), for weights.
-	target string
+	target PodName
 }
 
 // slicePortKey is how kube-proxy joins a ServicePort to EndpointSlice

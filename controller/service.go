@@ -40,6 +40,10 @@ func (e *env) parseService(svc *v1.Service) (*svcInfo, []Problem) {
 	if w, ok := svc.Annotations[AnnotationWeights]; ok {
 		var reasons []string
 		info.weights, reasons = parseWeights(w)
+		info.podWeights = make(map[PodName]uint16, len(info.weights))
+		for k, w := range info.weights {
+			info.podWeights[PodNameOf(k)] = w
+		}
 		for _, r := range reasons {
 			report("annotation %s: %s", AnnotationWeights, r)
 		}
@@ -204,7 +208,7 @@ func (info *svcInfo) weigh(eps []endpoint) {
 	for i := range eps {
 		if w, ok := info.weights[eps[i].Addr.String()]; ok {
 			eps[i].Weight = w
-		} else if w, ok := info.weights[eps[i].target]; ok && eps[i].target != "" {
+		} else if w, ok := info.podWeights[eps[i].target]; ok && eps[i].target != 0 {
 			eps[i].Weight = w
 		}
 	}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"time"
 	"unique"
@@ -50,9 +51,11 @@ type SliceEndpoint struct {
 	// NodeName is interned: a million endpoints share a few hundred
 	// node names.
 	NodeName unique.Handle[string]
-	// Target is the targetRef's name (the pod), for weights. Nearly
-	// every endpoint has one: it is a field, not part of Extra.
-	Target string
+	// Target identifies the targetRef's name (the pod), for weights.
+	// Nearly every endpoint has one, and only a Service with a weights
+	// annotation reads it: a hash keeps a million of them at 8 bytes each
+	// instead of each pod's name.
+	Target PodName
 	// Extra holds what most endpoints lack (nil: none).
 	Extra *SliceEndpointExtra
 }
@@ -61,6 +64,22 @@ type SliceEndpoint struct {
 type SliceEndpointExtra struct {
 	// Zones and Nodes are the topology hints.
 	Zones, Nodes []string
+}
+
+// PodName is a 64-bit hash of a pod's name (0: none), as a Slice keeps
+// its endpoints' targetRefs. The hash is seeded per process: names from
+// the annotation and from the slices are hashed alike, and a tenant
+// cannot pick names that collide.
+type PodName uint64
+
+var podNameSeed = maphash.MakeSeed()
+
+// PodNameOf hashes a pod's name ("": 0).
+func PodNameOf(name string) PodName {
+	if name == "" {
+		return 0
+	}
+	return PodName(maphash.String(podNameSeed, name) | 1)
 }
 
 // noNode is the NodeName of an endpoint without one.
@@ -134,7 +153,7 @@ func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 			ep.NodeName = unique.Make(*e.NodeName)
 		}
 		if e.TargetRef != nil && e.TargetRef.Name != "" {
-			ep.Target = e.TargetRef.Name
+			ep.Target = PodNameOf(e.TargetRef.Name)
 		}
 		if h := e.Hints; h != nil {
 			for _, z := range h.ForZones {

@@ -189,11 +189,14 @@ type svcInfo struct {
 	// lbWithheld is set when a loadBalancerSourceRanges entry is bad: the
 	// LoadBalancer frontends are left out rather than served with a
 	// firewall that is more open than the user asked for.
-	lbWithheld          bool
-	sourceRanges        []netip.Prefix
-	affinity            model.Affinity
-	scheduler           string
+	lbWithheld   bool
+	sourceRanges []netip.Prefix
+	affinity     model.Affinity
+	scheduler    string
+	// weights are the weights annotation's, by address or pod name;
+	// podWeights the same by PodNameOf.
 	weights             map[string]uint16
+	podWeights          map[PodName]uint16
 	internalLocal       bool
 	externalLocal       bool
 	healthCheckNodePort uint16

@@ -544,7 +544,7 @@ func TestTrimObject(t *testing.T) {
 		t.Errorf("service loses what an Event's reference needs: %+v", tsvc.ObjectMeta)
 	}
 	if tsl.ManagedFields != nil || tsl.Annotations != nil || !tsl.TriggerTime.Equal(time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)) ||
-		tsl.Endpoints[0].Target != "pod-a" || tsl.Name != sl.Name || tsl.UID != sl.UID {
+		tsl.Endpoints[0].Target != PodNameOf("pod-a") || tsl.Name != sl.Name || tsl.UID != sl.UID {
 		t.Errorf("slice keeps %v %v %+v", tsl.ManagedFields, tsl.Annotations, tsl.Endpoints[0])
 	}
 	if tnode.Status.Images != nil || len(tnode.Spec.Taints) != 1 || len(tnode.Status.Addresses) == 0 {
