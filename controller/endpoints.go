@@ -17,7 +17,8 @@ type endpoint struct {
 	model.Endpoint
 	zoneHints []string
 	nodeHints []string
-	// target is the targetRef's name (the pod), for weights.
+	// target is the targetRef's name (the pod) as PodNameOf hashes it,
+	// for weights.
 	target PodName
 }
 
