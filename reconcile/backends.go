@@ -62,6 +62,15 @@ func (t *backendTable) delete(bk maps.BackendKey) {
 	delete(t.v6, bk)
 }
 
+// addRef adds delta to bk's reference count (a backend not in the table
+// counts from zero) and returns the entry as stored.
+func (t *backendTable) addRef(bk maps.BackendKey, delta int) backendEntry {
+	e, _ := t.get(bk)
+	e.refs = uint32(int(e.refs) + delta)
+	t.set(bk, e)
+	return e
+}
+
 func (t *backendTable) len() int { return len(t.v4) + len(t.v6) }
 
 // all yields every backend, IPv4 first.

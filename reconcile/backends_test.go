@@ -29,6 +29,12 @@ func TestBackendTable(t *testing.T) {
 	if got := maps.Collect(bt.all()); !maps.Equal(got, want) || bt.len() != 3 {
 		t.Errorf("all() = %v (len %d), want %v", got, bt.len(), want)
 	}
+	if e := bt.addRef(v6, 1); e.refs != 1 || e.id != 3 || e.weight != 5 {
+		t.Errorf("addRef(+1) = %+v, want the IPv6 entry with one reference", e)
+	}
+	if e := bt.addRef(mapped, -1); e.refs != 1 || e.id != 1 {
+		t.Errorf("addRef(-1) through the IPv4-mapped key = %+v, want the IPv4 entry with one reference", e)
+	}
 	bt.delete(v4)
 	bt.delete(v6)
 	if _, ok := bt.get(v4); ok || bt.len() != 1 {

@@ -502,10 +502,7 @@ func (d *Datapath) release(name model.ServicePortName, a *appliedService, releas
 				if !ok {
 					continue
 				}
-				e, _ := d.backends.get(bk)
-				e.refs--
-				d.backends.set(bk, e)
-				if e.refs == 0 {
+				if d.backends.addRef(bk, -1).refs == 0 {
 					d.unreferenced[bk] = struct{}{}
 				}
 			}

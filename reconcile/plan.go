@@ -290,9 +290,7 @@ func (d *Datapath) planSlots(fk maps.FrontendKey, scope uint8, eps []model.Endpo
 		if !ok {
 			continue
 		}
-		e, _ := d.backends.get(bk)
-		e.refs++
-		d.backends.set(bk, e)
+		d.backends.addRef(bk, 1)
 		id := ids[len(set)]
 		n := uint16(len(set) + 1)
 		ws.slotKeys = append(ws.slotKeys, fk.SvcKey(scope, n))
@@ -453,6 +451,7 @@ func (d *Datapath) undoBackends(ws *writeSet, m wsMark) {
 // a write when the backend is new or its attributes changed.
 func (d *Datapath) backend(bk maps.BackendKey, ep model.Endpoint, ws *writeSet) (uint32, error) {
 	e, ok := d.backends.get(bk)
+	old := e
 	if !ok {
 		id, err := d.backendIDs.alloc()
 		if err != nil {
@@ -471,7 +470,6 @@ func (d *Datapath) backend(bk maps.BackendKey, ep model.Endpoint, ws *writeSet) 
 	}
 	weight := ep.SchedWeight()
 	if !ok || e.weight != weight || e.flags != flags {
-		old, _ := d.backends.get(bk)
 		ws.undo = append(ws.undo, backendUndo{key: bk, entry: old, existed: ok})
 		e.weight, e.flags = weight, flags
 		d.backends.set(bk, e)

@@ -402,7 +402,7 @@ func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 		name := controlName(i)
 		svc := &v1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", ResourceVersion: "1",
-				UID: types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)), CreationTimestamp: controlCreated,
+				UID: serviceUID(i), CreationTimestamp: controlCreated,
 				Labels: chartLabels(name), Annotations: map[string]string{"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": "bench"}},
 			Spec: v1.ServiceSpec{
 				Type: v1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
@@ -419,6 +419,11 @@ func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 }
 
 func controlName(i int) string { return "svc-" + strconv.Itoa(i) }
+
+// serviceUID is Service i's UID (its EndpointSlice's owner).
+func serviceUID(i int) types.UID {
+	return types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i))
+}
 
 // controlCreated is every benchmark object's creation time.
 var controlCreated = metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
@@ -446,7 +451,7 @@ func controlSlice(i, eps int, rv string) *discoveryv1.EndpointSlice {
 			GenerateName: name + "-", Labels: labels,
 			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-12-01T00:00:00Z"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
-				UID: types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
+				UID: serviceUID(i), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(backendPort)), Protocol: ptr(v1.ProtocolTCP)}},
 	}
