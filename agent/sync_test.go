@@ -120,7 +120,7 @@ func TestSyncerBookkeeping(t *testing.T) {
 	triggered := 0
 	s.trigger = func() { triggered++ }
 
-	s.onEvent(controller.Event{Kind: "Service", Changed: tr.OnServiceAdd(lbService(true))})
+	s.onEvent(controller.Event{Kind: "Service", Changed: tr.OnServiceAdd(controller.NewService(lbService(true)))})
 	trig := time.Now().Add(-1500 * time.Millisecond)
 	slice := lbSlice(trig, ep("10.0.0.1", "n1", true, false), ep("10.0.0.2", "n1", false, true), ep("10.0.0.3", "n2", true, false))
 	s.onEvent(controller.Event{Kind: "EndpointSlice", Changed: tr.OnEndpointSliceAdd(slice), TriggerTime: trig,
@@ -217,7 +217,7 @@ func TestSyncerPeriodicFullSync(t *testing.T) {
 	s := newSyncer(syncerConfig{log: slog.New(slog.NewTextHandler(io.Discard, nil)), tracker: tr, dp: dp, metrics: m,
 		syncPeriod: time.Minute, fullSyncPeriod: 200 * time.Millisecond, ccfg: cfg})
 	s.svcHealth = &recordingHealthServers{}
-	tr.OnServiceAdd(lbService(false))
+	tr.OnServiceAdd(controller.NewService(lbService(false)))
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	for range 3 {
 		if err := s.sync(context.Background()); err != nil {

@@ -88,13 +88,13 @@ func TestFrontendCollisions(t *testing.T) {
 		}
 		var s Sync
 		for _, svc := range order {
-			tr.OnServiceAdd(svc)
+			tr.OnServiceAdd(NewService(svc))
 			s = tr.Build()
 		}
 		check("Tracker", s.State, s.Problems)
 		// The winner of 198.51.100.7 goes: the thief gets it in the same
 		// sync, through the delta, as Translate would say.
-		tr.OnServiceDelete(old)
+		tr.OnServiceDelete(NewService(old))
 		s = tr.Build()
 		if got := frontends(s.State, "aaa", "steal"); !slices.Contains(got, "ExternalIP 198.51.100.7:53") {
 			t.Errorf("after ns/zzz-old went, aaa/steal serves %v", got)

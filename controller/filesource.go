@@ -23,9 +23,11 @@ import (
 // informer handlers call the same methods, so manifests and the API server
 // go through one code path. Each method reports whether the input changed.
 type Handler interface {
-	OnServiceAdd(svc *v1.Service) bool
-	OnServiceUpdate(old, svc *v1.Service) bool
-	OnServiceDelete(svc *v1.Service) bool
+	// OnServiceAdd and friends take Services as both sources keep them
+	// (see TrimObject).
+	OnServiceAdd(svc *Service) bool
+	OnServiceUpdate(old, svc *Service) bool
+	OnServiceDelete(svc *Service) bool
 	OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) bool
 	OnEndpointSliceUpdate(old, s *discoveryv1.EndpointSlice) bool
 	OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool
@@ -310,7 +312,7 @@ func (s *FileSource) dispatch(obj, old any) bool {
 	switch {
 	case old == nil:
 		switch o := obj.(type) {
-		case *v1.Service:
+		case *Service:
 			return s.h.OnServiceAdd(o)
 		case *Slice:
 			return s.h.OnSliceAdd(o)
@@ -321,7 +323,7 @@ func (s *FileSource) dispatch(obj, old any) bool {
 		}
 	case obj == nil:
 		switch o := old.(type) {
-		case *v1.Service:
+		case *Service:
 			return s.h.OnServiceDelete(o)
 		case *Slice:
 			return s.h.OnSliceDelete(o)
@@ -332,8 +334,8 @@ func (s *FileSource) dispatch(obj, old any) bool {
 		}
 	default:
 		switch o := obj.(type) {
-		case *v1.Service:
-			return s.h.OnServiceUpdate(old.(*v1.Service), o)
+		case *Service:
+			return s.h.OnServiceUpdate(old.(*Service), o)
 		case *Slice:
 			return s.h.OnSliceUpdate(old.(*Slice), o)
 		case *v1.Node:

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/xvs-lb/xvs/model"
 )
@@ -364,11 +364,11 @@ func TestFileSourceDecodesOnlyChangedFiles(t *testing.T) {
 	if changed := mustLoad(t, src); !changed {
 		t.Error("a rewritten file was not decoded again")
 	}
-	webKey := objectKey{kind: "EndpointSlice", NamespacedName: nameOf(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1"}})}
+	webKey := objectKey{kind: "EndpointSlice", NamespacedName: types.NamespacedName{Namespace: "default", Name: "web-1"}}
 	if sl := src.applied[webKey].obj.(*Slice); sl.Endpoints[0].Addr.String() != "10.0.0.2" {
 		t.Errorf("slice after the rewrite: %+v", sl.Endpoints)
 	}
-	apiKey := objectKey{kind: "Service", NamespacedName: nameOf(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "api"}})}
+	apiKey := objectKey{kind: "Service", NamespacedName: types.NamespacedName{Namespace: "prod", Name: "api"}}
 	if src.applied[apiKey].obj != first[apiKey] {
 		t.Error("the unchanged file was decoded again")
 	}

@@ -171,15 +171,15 @@ func FuzzTrackerMatchesTranslate(f *testing.F) {
 			case 0, 1:
 				s := fuzzService(r)
 				if old := svcs[s.Name]; old != nil {
-					tr.OnServiceUpdate(old, s)
+					tr.OnServiceUpdate(NewService(old), NewService(s))
 				} else {
-					tr.OnServiceAdd(s)
+					tr.OnServiceAdd(NewService(s))
 				}
 				svcs[s.Name] = s
 			case 2:
 				for _, name := range []string{"a", "b", "c"}[r.pick(3):] {
 					if s := svcs[name]; s != nil {
-						tr.OnServiceDelete(s)
+						tr.OnServiceDelete(NewService(s))
 						delete(svcs, name)
 						break
 					}
@@ -261,7 +261,7 @@ func FuzzDecodeManifests(f *testing.F) {
 		}
 		for _, o := range objs {
 			switch v := o.obj.(type) {
-			case *v1.Service:
+			case *Service:
 				tr.OnServiceAdd(v)
 			case *Slice:
 				tr.OnSliceAdd(v)

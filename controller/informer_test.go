@@ -380,7 +380,7 @@ type blockingHandler struct {
 	serviceAdd, nodeAdd chan struct{}
 }
 
-func (b blockingHandler) OnServiceAdd(svc *v1.Service) bool {
+func (b blockingHandler) OnServiceAdd(svc *Service) bool {
 	if b.serviceAdd != nil {
 		<-b.serviceAdd
 	}

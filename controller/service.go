@@ -13,7 +13,7 @@ import (
 // parseService extracts the per-Service settings, or returns nil when the
 // Service is not programmed. Bad fields are reported and, where possible,
 // the rest of the Service still works.
-func (e *env) parseService(svc *v1.Service) (*svcInfo, []Problem) {
+func (e *env) parseService(svc *Service) (*svcInfo, []Problem) {
 	var probs []Problem
 	var report reportFunc = func(format string, args ...any) {
 		probs = append(probs, serviceProblem(svc, fmt.Sprintf(format, args...)))
@@ -70,7 +70,7 @@ type reportFunc func(format string, args ...any)
 // parseClusterIPs fills families and clusterIP. It returns false when the
 // Service is not programmed: headless (not a mistake, so not reported) or
 // without a usable ClusterIP (reported: the API server always sets one).
-func (info *svcInfo) parseClusterIPs(svc *v1.Service, report reportFunc) bool {
+func (info *svcInfo) parseClusterIPs(svc *Service, report reportFunc) bool {
 	// spec.clusterIPs is authoritative; hand-written manifests often only
 	// set the older spec.clusterIP.
 	ips := svc.Spec.ClusterIPs
@@ -104,7 +104,7 @@ func (info *svcInfo) parseClusterIPs(svc *v1.Service, report reportFunc) bool {
 // parseExternalAddrs fills externalIPs, lbIPs and sourceRanges. Addresses
 // of a family the Service has no ClusterIP in are later ignored silently,
 // as kube-proxy does: that is normal while a Service changes families.
-func (info *svcInfo) parseExternalAddrs(svc *v1.Service, report reportFunc) {
+func (info *svcInfo) parseExternalAddrs(svc *Service, report reportFunc) {
 	for _, s := range svc.Spec.ExternalIPs {
 		if a, err := parseAddr(s); err != nil {
 			report("externalIPs: %v: ignored", err)
@@ -112,7 +112,7 @@ func (info *svcInfo) parseExternalAddrs(svc *v1.Service, report reportFunc) {
 			info.externalIPs[familyIndex(a)] = append(info.externalIPs[familyIndex(a)], a)
 		}
 	}
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
+	for _, ing := range svc.LoadBalancer {
 		// ipMode Proxy: the load balancer delivers to the node with its own
 		// address as destination, so capturing the IP would short-circuit
 		// the LB's proxying (KEP-1860). Unset means VIP.
@@ -140,7 +140,7 @@ func (info *svcInfo) parseExternalAddrs(svc *v1.Service, report reportFunc) {
 // Local) as kube-proxy's apiservice helpers read them: eTP only counts for
 // Services that accept external traffic (NodePort, LoadBalancer, or with
 // externalIPs); a ClusterIP-only Service ignores it.
-func policies(svc *v1.Service) (internal, external bool) {
+func policies(svc *Service) (internal, external bool) {
 	internal = svc.Spec.InternalTrafficPolicy != nil &&
 		*svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
 	externallyTyped := svc.Spec.Type == v1.ServiceTypeNodePort ||
@@ -152,7 +152,7 @@ func policies(svc *v1.Service) (internal, external bool) {
 // affinity reads sessionAffinity ClientIP; the timeout defaults to 10800 s
 // (v1.DefaultClientIPServiceAffinitySeconds) when unset, as the API server
 // would default it. An out-of-range timeout is reported and defaulted.
-func affinity(svc *v1.Service) (model.Affinity, string) {
+func affinity(svc *Service) (model.Affinity, string) {
 	switch svc.Spec.SessionAffinity {
 	case "", v1.ServiceAffinityNone:
 		return model.Affinity{}, ""

@@ -32,7 +32,7 @@ func TestTrackerServiceCIDRs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.OnServiceAdd(newSvc("s"))
+	tr.OnServiceAdd(NewService(newSvc("s")))
 	first := tr.Build()
 	if got := first.State.ServiceCIDRs; !slices.Equal(got, prefixes("10.96.0.0/16")) {
 		t.Fatalf("configured only: %v", got)

@@ -9,7 +9,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Slice is an EndpointSlice as the proxy keeps it: its metadata, and its
@@ -19,12 +18,12 @@ import (
 // agent's memory in a large cluster: the informers cache Slices (see
 // TrimObject), and the Tracker keeps them.
 //
-// A Slice has an ObjectMeta, so the informers' cache can key it. Its
-// Labels keep only those the proxy reads (headless, service-proxy-name);
+// A Slice's Meta lets the informers' cache key it. Its Labels keep only
+// those the proxy reads (headless, service-proxy-name);
 // the Service's name and the trigger-time annotation are fields of their
 // own (a map per slice costs more than its endpoints' addresses).
 type Slice struct {
-	metav1.ObjectMeta
+	Meta
 	// Service is the kubernetes.io/service-name label ("": none).
 	Service string
 	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
@@ -113,10 +112,7 @@ func proxyLabels(l map[string]string) map[string]string {
 // endpoints (FQDN slices are for DNS, and other types are reported).
 func NewSlice(s *discoveryv1.EndpointSlice) *Slice {
 	out := &Slice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-			Labels: proxyLabels(s.Labels), DeletionTimestamp: s.DeletionTimestamp,
-		},
+		Meta:        newMeta(&s.ObjectMeta),
 		Service:     s.Labels[discoveryv1.LabelServiceName],
 		TriggerTime: triggerTime(s.Annotations),
 		AddressType: s.AddressType,

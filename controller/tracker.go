@@ -32,7 +32,7 @@ type Tracker struct {
 	mu  sync.Mutex
 	cfg Config
 
-	services map[types.NamespacedName]*v1.Service
+	services map[types.NamespacedName]*Service
 	slices   map[types.NamespacedName]*Slice // by slice namespace/name
 	// bySvc indexes slices by their kubernetes.io/service-name label (a
 	// Service has one or a few: a list costs less than a map).
@@ -108,7 +108,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	cfg.NodeAddresses = slices.Clone(cfg.NodeAddresses)
 	t := &Tracker{
 		cfg:          cfg,
-		services:     make(map[types.NamespacedName]*v1.Service),
+		services:     make(map[types.NamespacedName]*Service),
 		slices:       make(map[types.NamespacedName]*Slice),
 		bySvc:        make(map[types.NamespacedName][]*Slice),
 		orphans:      make(map[types.NamespacedName]Problem),
@@ -127,9 +127,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	return t, nil
 }
 
-func (t *Tracker) OnServiceAdd(svc *v1.Service) bool       { return t.upsertService(svc) }
-func (t *Tracker) OnServiceUpdate(_, svc *v1.Service) bool { return t.upsertService(svc) }
-func (t *Tracker) OnServiceDelete(svc *v1.Service) bool    { return t.deleteService(svc) }
+func (t *Tracker) OnServiceAdd(svc *Service) bool       { return t.upsertService(svc) }
+func (t *Tracker) OnServiceUpdate(_, svc *Service) bool { return t.upsertService(svc) }
+func (t *Tracker) OnServiceDelete(svc *Service) bool    { return t.deleteService(svc) }
 func (t *Tracker) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice) bool {
 	return t.upsertSlice(NewSlice(s))
 }
@@ -138,7 +138,7 @@ func (t *Tracker) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) bool {
 }
 func (t *Tracker) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice) bool {
 	// Only the name matters: the Tracker unindexes the Slice it holds.
-	return t.deleteSlice(&Slice{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name}})
+	return t.deleteSlice(&Slice{Meta: Meta{Namespace: s.Namespace, Name: s.Name}})
 }
 
 // OnSliceAdd and friends take EndpointSlices already parsed (the
@@ -181,10 +181,10 @@ func nameOf(o metav1.Object) types.NamespacedName {
 	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
 }
 
-func (t *Tracker) upsertService(svc *v1.Service) bool {
+func (t *Tracker) upsertService(svc *Service) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := nameOf(svc)
+	k := svc.Key()
 	old := t.services[k]
 	t.services[k] = svc // keep the newest resourceVersion even for no-ops
 	if old != nil && sameService(old, svc) {
@@ -194,10 +194,10 @@ func (t *Tracker) upsertService(svc *v1.Service) bool {
 	return true
 }
 
-func (t *Tracker) deleteService(svc *v1.Service) bool {
+func (t *Tracker) deleteService(svc *Service) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := nameOf(svc)
+	k := svc.Key()
 	if _, ok := t.services[k]; !ok {
 		return false
 	}
@@ -209,7 +209,7 @@ func (t *Tracker) deleteService(svc *v1.Service) bool {
 func (t *Tracker) upsertSlice(s *Slice) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := nameOf(s)
+	k := s.Key()
 	old := t.slices[k]
 	t.slices[k] = s
 	if old != nil && sameSlice(old, s) {
@@ -229,7 +229,7 @@ func (t *Tracker) upsertSlice(s *Slice) bool {
 func (t *Tracker) deleteSlice(s *Slice) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := nameOf(s)
+	k := s.Key()
 	old, ok := t.slices[k]
 	if !ok {
 		return false
@@ -245,7 +245,7 @@ func (t *Tracker) deleteSlice(s *Slice) bool {
 func (t *Tracker) indexSlice(s *Slice) {
 	sk, ok := sliceService(s)
 	if !ok {
-		t.orphans[nameOf(s)] = noServiceProblem(s)
+		t.orphans[s.Key()] = noServiceProblem(s)
 		return
 	}
 	t.bySvc[sk] = putSlice(t.bySvc[sk], s)
@@ -255,7 +255,7 @@ func (t *Tracker) indexSlice(s *Slice) {
 func (t *Tracker) unindexSlice(s *Slice) {
 	sk, ok := sliceService(s)
 	if !ok {
-		delete(t.orphans, nameOf(s))
+		delete(t.orphans, s.Key())
 		return
 	}
 	rest := slices.DeleteFunc(t.bySvc[sk], func(o *Slice) bool { return o.Name == s.Name })
@@ -389,7 +389,7 @@ func (t *Tracker) rebuild(k types.NamespacedName, changed []model.ServicePortNam
 	ports, probs := t.env.service(svc, t.bySvc[k])
 	defer func() {
 		for _, sp := range t.built[k].ports {
-			t.claims.add(sp, svc.CreationTimestamp.Time, touched)
+			t.claims.add(sp, svc.Created, touched)
 			t.raw[sp.Name] = sp
 		}
 	}()
@@ -487,7 +487,7 @@ func sameHeader(a, b *model.State) bool {
 // the fields the translation reads are compared, so that re-read manifests
 // and status-only updates are no-ops. equality.Semantic treats nil and
 // empty slices and maps as equal, as the API does.
-func sameService(a, b *v1.Service) bool {
+func sameService(a, b *Service) bool {
 	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
 		return true
 	}
@@ -500,7 +500,8 @@ func sameService(a, b *v1.Service) bool {
 	}
 	return equality.Semantic.DeepEqual(a.Labels, b.Labels) &&
 		equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
-		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+		a.Created.Equal(b.Created) &&
+		equality.Semantic.DeepEqual(a.LoadBalancer, b.LoadBalancer)
 }
 
 func sameSlice(a, b *Slice) bool {

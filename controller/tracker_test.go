@@ -31,7 +31,7 @@ func withRV(rv string) svcOpt { return func(s *v1.Service) { s.ResourceVersion =
 // Updates that cannot change the State are collapsed.
 func TestTrackerCollapsesNoOps(t *testing.T) {
 	tr := newTestTracker(t)
-	if !tr.OnServiceAdd(newSvc("s", withRV("1"))) {
+	if !tr.OnServiceAdd(NewService(newSvc("s", withRV("1")))) {
 		t.Fatal("add reported no change")
 	}
 	tr.Build()
@@ -43,16 +43,16 @@ func TestTrackerCollapsesNoOps(t *testing.T) {
 		call func() bool
 		want bool
 	}{
-		{"same resourceVersion", func() bool { return tr.OnServiceUpdate(nil, newSvc("s", withRV("1"))) }, false},
-		{"equal without resourceVersion", func() bool { return tr.OnServiceUpdate(nil, newSvc("s")) }, false},
-		{"new resourceVersion, equal spec", func() bool { return tr.OnServiceUpdate(nil, newSvc("s", withRV("2"))) }, false},
-		{"status conditions only", func() bool { return tr.OnServiceUpdate(nil, statusOnly) }, false},
-		{"unrelated annotation", func() bool { return tr.OnServiceUpdate(nil, otherAnnotation) }, false},
-		{"spec change", func() bool { return tr.OnServiceUpdate(nil, newSvc("s", nodePort(30080))) }, true},
+		{"same resourceVersion", func() bool { return tr.OnServiceUpdate(nil, NewService(newSvc("s", withRV("1")))) }, false},
+		{"equal without resourceVersion", func() bool { return tr.OnServiceUpdate(nil, NewService(newSvc("s"))) }, false},
+		{"new resourceVersion, equal spec", func() bool { return tr.OnServiceUpdate(nil, NewService(newSvc("s", withRV("2")))) }, false},
+		{"status conditions only", func() bool { return tr.OnServiceUpdate(nil, NewService(statusOnly)) }, false},
+		{"unrelated annotation", func() bool { return tr.OnServiceUpdate(nil, NewService(otherAnnotation)) }, false},
+		{"spec change", func() bool { return tr.OnServiceUpdate(nil, NewService(newSvc("s", nodePort(30080)))) }, true},
 		{"scheduler annotation", func() bool {
-			return tr.OnServiceUpdate(nil, newSvc("s", nodePort(30080), svcAnnotation(AnnotationScheduler, "")))
+			return tr.OnServiceUpdate(nil, NewService(newSvc("s", nodePort(30080), svcAnnotation(AnnotationScheduler, ""))))
 		}, true},
-		{"delete unknown", func() bool { return tr.OnServiceDelete(newSvc("other")) }, false},
+		{"delete unknown", func() bool { return tr.OnServiceDelete(NewService(newSvc("other"))) }, false},
 		{"slice add", func() bool { return tr.OnEndpointSliceAdd(v4Slice("s", newEP("10.0.0.1"))) }, true},
 		{"slice equal", func() bool { return tr.OnEndpointSliceUpdate(nil, v4Slice("s", newEP("10.0.0.1"))) }, false},
 		{"slice change", func() bool { return tr.OnEndpointSliceUpdate(nil, v4Slice("s", newEP("10.0.0.2"))) }, true},
@@ -77,8 +77,8 @@ func TestTrackerCollapsesNoOps(t *testing.T) {
 // to do returns the same State.
 func TestTrackerReusesUnchangedPorts(t *testing.T) {
 	tr := newTestTracker(t)
-	tr.OnServiceAdd(newSvc("a"))
-	tr.OnServiceAdd(newSvc("b", clusterIPs("10.96.0.2")))
+	tr.OnServiceAdd(NewService(newSvc("a")))
+	tr.OnServiceAdd(NewService(newSvc("b", clusterIPs("10.96.0.2"))))
 	tr.OnEndpointSliceAdd(v4Slice("a", newEP("10.0.0.1")))
 	tr.OnEndpointSliceAdd(v4Slice("b", newEP("10.0.0.2")))
 	first := tr.Build()
@@ -123,7 +123,7 @@ func TestTrackerReusesUnchangedPorts(t *testing.T) {
 		t.Errorf("node label without effect on ports: full %v changed %v", fourth.Full, fourth.Changed)
 	}
 
-	tr.OnServiceDelete(newSvc("b"))
+	tr.OnServiceDelete(NewService(newSvc("b")))
 	fifth := tr.Build()
 	if !fifth.Changed || portOf(fifth.State, "b") != nil || portOf(fifth.State, "a") != a2 {
 		t.Error("delete did not remove only b")
@@ -138,8 +138,8 @@ func TestTrackerReusesUnchangedPorts(t *testing.T) {
 // replaces the affected ports.
 func TestTrackerNodeChange(t *testing.T) {
 	tr := newTestTracker(t)
-	tr.OnServiceAdd(newSvc("zoned"))
-	tr.OnServiceAdd(newSvc("np", clusterIPs("10.96.0.2"), nodePort(30080)))
+	tr.OnServiceAdd(NewService(newSvc("zoned")))
+	tr.OnServiceAdd(NewService(newSvc("np", clusterIPs("10.96.0.2"), nodePort(30080))))
 	tr.OnEndpointSliceAdd(v4Slice("zoned", newEP("10.0.1.1", zoneHints("zone-a")), newEP("10.0.1.2", zoneHints("zone-b"))))
 	tr.OnNodeAdd(testNodeObj(zoneLabels("zone-a"), "192.168.1.10"))
 	first := tr.Build()
@@ -175,8 +175,8 @@ func TestTrackerNodeChange(t *testing.T) {
 // without the label are reported until they go away.
 func TestTrackerSliceMovesAndOrphans(t *testing.T) {
 	tr := newTestTracker(t)
-	tr.OnServiceAdd(newSvc("a"))
-	tr.OnServiceAdd(newSvc("b", clusterIPs("10.96.0.2")))
+	tr.OnServiceAdd(NewService(newSvc("a")))
+	tr.OnServiceAdd(NewService(newSvc("b", clusterIPs("10.96.0.2"))))
 	sl := v4Slice("a", newEP("10.0.0.1"))
 	tr.OnEndpointSliceAdd(sl)
 	tr.Build()
@@ -218,19 +218,19 @@ func TestTrackerMatchesTranslate(t *testing.T) {
 		v4Slice("b", newEP("10.0.2.1", zoneHints("zone-a")), newEP("x")),
 		newSlice("", "orphan", discoveryv1.AddressTypeIPv4, nil),
 	}
-	tr.OnServiceAdd(newSvc("a"))
+	tr.OnServiceAdd(NewService(newSvc("a")))
 	tr.OnEndpointSliceAdd(v4Slice("a", remoteReady))
 	tr.Build()
 	tr.OnNodeAdd(node)
 	for _, s := range svcs {
-		tr.OnServiceAdd(s)
+		tr.OnServiceAdd(NewService(s))
 	}
 	tr.Build()
 	for _, s := range sls {
 		tr.OnEndpointSliceAdd(s)
 	}
-	tr.OnServiceAdd(newSvc("gone", clusterIPs("10.96.0.9")))
-	tr.OnServiceDelete(newSvc("gone"))
+	tr.OnServiceAdd(NewService(newSvc("gone", clusterIPs("10.96.0.9"))))
+	tr.OnServiceDelete(NewService(newSvc("gone")))
 	got := tr.Build()
 
 	want, wantProbs := Translate(cfg, svcs, sls, node)
@@ -247,7 +247,7 @@ func TestTrackerMatchesTranslate(t *testing.T) {
 
 func TestTrackerForceFullSync(t *testing.T) {
 	tr := newTestTracker(t)
-	tr.OnServiceAdd(newSvc("a"))
+	tr.OnServiceAdd(NewService(newSvc("a")))
 	first := tr.Build()
 	if tr.Pending() {
 		t.Error("pending after Build")
@@ -273,9 +273,9 @@ func TestNewTrackerRejectsBadConfig(t *testing.T) {
 // replaying the deltas over the first State ends with the last.
 func TestTrackerDelta(t *testing.T) {
 	tr, _ := NewTracker(testConfig())
-	tr.OnServiceAdd(newSvc("a"))
-	tr.OnServiceAdd(newSvc("b", clusterIPs("10.96.0.2")))
-	tr.OnServiceAdd(newSvc("c", clusterIPs("10.96.0.3")))
+	tr.OnServiceAdd(NewService(newSvc("a")))
+	tr.OnServiceAdd(NewService(newSvc("b", clusterIPs("10.96.0.2"))))
+	tr.OnServiceAdd(NewService(newSvc("c", clusterIPs("10.96.0.3"))))
 	tr.OnEndpointSliceAdd(v4Slice("a", remoteReady))
 	first := tr.Build()
 	if first.State.Generation == 0 || first.State.Delta != nil {
@@ -319,11 +319,11 @@ func TestTrackerDelta(t *testing.T) {
 	}
 	tr.OnEndpointSliceUpdate(nil, v4Slice("a", remoteReady, localReady))
 	step("a")
-	tr.OnServiceDelete(newSvc("b"))
-	tr.OnServiceAdd(newSvc("d", clusterIPs("10.96.0.4")))
+	tr.OnServiceDelete(NewService(newSvc("b")))
+	tr.OnServiceAdd(NewService(newSvc("d", clusterIPs("10.96.0.4"))))
 	step("b", "d")
 	// An update that changes nothing visible: no new State.
-	tr.OnServiceUpdate(nil, newSvc("c", clusterIPs("10.96.0.3"), svcLabel("x", "y")))
+	tr.OnServiceUpdate(nil, NewService(newSvc("c", clusterIPs("10.96.0.3"), svcLabel("x", "y"))))
 	if s := tr.Build(); s.Changed || s.State != prev {
 		t.Fatalf("invisible change: changed %v", s.Changed)
 	}

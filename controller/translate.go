@@ -45,8 +45,9 @@ func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.Endpoin
 		bySvc[k] = append(bySvc[k], s)
 	}
 
-	latest := make(map[types.NamespacedName]*v1.Service, len(services))
-	for _, svc := range services {
+	latest := make(map[types.NamespacedName]*Service, len(services))
+	for _, api := range services {
+		svc := NewService(api)
 		k := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 		if _, dup := latest[k]; dup {
 			probs = append(probs, serviceProblem(svc, "given twice: the last one is used"))
@@ -61,7 +62,7 @@ func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.Endpoin
 		probs = append(probs, p...)
 		for _, sp := range ports {
 			st.Services[sp.Name] = sp
-			cl.add(sp, svc.CreationTimestamp.Time, nil)
+			cl.add(sp, svc.Created, nil)
 		}
 	}
 	// Contested frontends go to one claimant (collision.go).
@@ -85,14 +86,14 @@ func noServiceProblem(s *Slice) Problem {
 	return sliceProblem(s, fmt.Sprintf("no %s label: slice ignored", discoveryv1.LabelServiceName))
 }
 
-func serviceProblem(svc *v1.Service, reason string) Problem {
+func serviceProblem(svc *Service, reason string) Problem {
 	return Problem{Kind: "Service", Object: svc.Namespace + "/" + svc.Name, Reason: reason}
 }
 
 // service translates one Service and its EndpointSlices into ServicePorts.
 // Services kube-proxy does not program (ExternalName, headless, another
 // proxy's) yield nothing and no Problem: they are not mistakes.
-func (e *env) service(svc *v1.Service, sl []*Slice) ([]*model.ServicePort, []Problem) {
+func (e *env) service(svc *Service, sl []*Slice) ([]*model.ServicePort, []Problem) {
 	if !e.cfg.selects(svc.Labels) || svc.Spec.Type == v1.ServiceTypeExternalName {
 		return nil, nil
 	}

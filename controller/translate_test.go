@@ -126,7 +126,7 @@ func TestMaxFrontendsPerService(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, svc := range []*v1.Service{atLimit, over, small} {
-		tr.OnServiceAdd(svc)
+		tr.OnServiceAdd(NewService(svc))
 	}
 	if tst := tr.Build().State; len(tst.Services) != len(st.Services) {
 		t.Fatalf("the Tracker serves %d ports, Translate %d", len(tst.Services), len(st.Services))
@@ -488,6 +488,7 @@ func TestTrimObject(t *testing.T) {
 	big := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	svc := newSvc("a", nodePort(30080), etpLocal, svcLabel("app", "a"))
 	svc.ManagedFields = big
+	svc.CreationTimestamp = metav1.NewTime(time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC))
 	svc.Labels["app.kubernetes.io/name"] = "a"
 	svc.Labels["helm.sh/chart"] = "a-1.0.0"
 	svc.Spec.Selector = map[string]string{"app.kubernetes.io/name": "a"}
@@ -518,11 +519,14 @@ func TestTrimObject(t *testing.T) {
 		}
 		return out
 	}
-	tsvc := trim(svc.DeepCopy()).(*v1.Service)
+	tsvc := trim(svc.DeepCopy()).(*Service)
 	tsl := trim(sl.DeepCopy()).(*Slice)
 	tnode := trim(node.DeepCopy()).(*v1.Node)
 	if again := trim(tsl); again != tsl {
 		t.Error("a Slice is transformed again")
+	}
+	if again := trim(tsvc); again != tsvc {
+		t.Error("a Service is transformed again")
 	}
 	tr := newTestTracker(t)
 	tr.OnServiceAdd(tsvc)
@@ -534,24 +538,22 @@ func TestTrimObject(t *testing.T) {
 	if !reflect.DeepEqual(&got, want) || !reflect.DeepEqual(b.Problems, wantProbs) {
 		t.Errorf("trimmed objects translate differently:\n%+v\n%+v", &got, want)
 	}
-	if tsvc.ManagedFields != nil || len(tsvc.Annotations) != 1 || tsvc.Annotations[AnnotationScheduler] != "rr" {
-		t.Errorf("service keeps managedFields %v, annotations %v", tsvc.ManagedFields, tsvc.Annotations)
+	if len(tsvc.Annotations) != 1 || tsvc.Annotations[AnnotationScheduler] != "rr" || tsvc.Labels != nil {
+		t.Errorf("service keeps annotations %v, labels %v", tsvc.Annotations, tsvc.Labels)
 	}
-	if tsvc.Labels != nil || tsvc.Spec.Selector != nil || tsvc.OwnerReferences != nil || tsvc.Finalizers != nil {
-		t.Errorf("service keeps labels %v, selector %v, owners %v, finalizers %v", tsvc.Labels, tsvc.Spec.Selector, tsvc.OwnerReferences, tsvc.Finalizers)
+	if tsvc.Name != svc.Name || tsvc.Namespace != svc.Namespace || tsvc.UID != svc.UID || tsvc.ResourceVersion != svc.ResourceVersion ||
+		!tsvc.Created.Equal(svc.CreationTimestamp.Time) {
+		t.Errorf("service loses what an Event's reference or a frontend claim needs: %+v", tsvc.Meta)
 	}
-	if tsvc.Name != svc.Name || tsvc.Namespace != svc.Namespace || tsvc.UID != svc.UID || tsvc.ResourceVersion != svc.ResourceVersion {
-		t.Errorf("service loses what an Event's reference needs: %+v", tsvc.ObjectMeta)
-	}
-	if tsl.ManagedFields != nil || tsl.Annotations != nil || !tsl.TriggerTime.Equal(time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)) ||
+	if tsl.Labels != nil || !tsl.TriggerTime.Equal(time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)) ||
 		tsl.Endpoints[0].Target != PodNameOf("pod-a") || tsl.Name != sl.Name || tsl.UID != sl.UID {
-		t.Errorf("slice keeps %v %v %+v", tsl.ManagedFields, tsl.Annotations, tsl.Endpoints[0])
+		t.Errorf("slice keeps %v %+v", tsl.Labels, tsl.Endpoints[0])
 	}
 	if tnode.Status.Images != nil || len(tnode.Spec.Taints) != 1 || len(tnode.Status.Addresses) == 0 {
 		t.Errorf("node keeps images %v, taints %v, addresses %v", tnode.Status.Images, tnode.Spec.Taints, tnode.Status.Addresses)
 	}
 	// The labels that decide whether this proxy serves a Service stay.
-	named := trim(newSvc("b", svcLabel("app", "b"), svcLabel(LabelServiceProxyName, "other"))).(*v1.Service)
+	named := trim(newSvc("b", svcLabel("app", "b"), svcLabel(LabelServiceProxyName, "other"))).(*Service)
 	if !maps.Equal(named.Labels, map[string]string{LabelServiceProxyName: "other"}) {
 		t.Errorf("service-proxy-name label: labels trimmed to %v", named.Labels)
 	}

@@ -394,8 +394,8 @@ func htons(p uint16) uint16 { return p<<8 | p>>8 }
 // names and references, the EndpointSlice controller's labels, owner and
 // annotation), then passed through controller.TrimObject, the informers'
 // transform (which makes EndpointSlices controller.Slices).
-func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
-	svcs := make([]*v1.Service, n)
+func controlObjects(n int) ([]*controller.Service, []*controller.Slice) {
+	svcs := make([]*controller.Service, n)
 	sls := make([]*controller.Slice, n)
 	for i := range n {
 		vip := vipOf(i).String()
@@ -412,7 +412,7 @@ func controlObjects(n int) ([]*v1.Service, []*controller.Slice) {
 				SessionAffinity: v1.ServiceAffinityNone, InternalTrafficPolicy: ptr(v1.ServiceInternalTrafficPolicyCluster),
 			},
 		}
-		svcs[i] = informerCached(svc).(*v1.Service)
+		svcs[i] = informerCached(svc).(*controller.Service)
 		sls[i] = informerCached(controlSlice(i, backendsPerService, "1")).(*controller.Slice)
 	}
 	return svcs, sls
