@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -83,6 +84,21 @@ func DeleteMany[K any](m *ebpf.Map, keys []K) error {
 		keys = keys[n:]
 	}
 	return nil
+}
+
+// DeletePerCPU deletes the entries ids have in a per-CPU map keyed by ID,
+// where they exist. A long list (a full sync's fresh IDs) is matched
+// against the map's keys first: most such IDs have no entry, and a batch
+// delete stops at each missing key.
+func DeletePerCPU[V any](m *ebpf.Map, ids []uint32) error {
+	if len(ids) > BatchChunk {
+		have, err := PerCPUKeys[V](m)
+		if err != nil {
+			return err
+		}
+		ids = slices.DeleteFunc(slices.Clone(ids), func(id uint32) bool { return !have[id] })
+	}
+	return DeleteMany(m, ids)
 }
 
 // zeroPerCPU zeroes every CPU's value of keys in a per-CPU map, with batch

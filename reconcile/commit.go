@@ -63,10 +63,10 @@ func (d *Datapath) commit(ws *writeSet) error {
 // commitWrites writes the entries planned so far in commit order and
 // forgets them; the deletes wait for commitDeletes, after every write.
 func (d *Datapath) commitWrites(ws *writeSet) error {
-	if err := d.w.svcStats.zero(ws.freshSvcs); err != nil {
+	if err := d.w.svcStats.del(ws.freshSvcs); err != nil {
 		return err
 	}
-	if err := d.w.backendStats.zero(ws.freshBEs); err != nil {
+	if err := d.w.backendStats.del(ws.freshBEs); err != nil {
 		return err
 	}
 	if err := d.resetHeld(ws.freshBEs); err != nil {
@@ -139,24 +139,15 @@ func (d *Datapath) resetHeld(ids []uint32) error {
 	return d.w.reaped.put(ids, zero)
 }
 
-// reconcileStats makes the counter maps hold an entry for exactly the IDs
-// recovered from the pinned maps: a zeroed one where it is missing (maps
-// pinned by a build that kept the counters elsewhere, an agent stopped
-// between writes), none for IDs nothing uses.
+// reconcileStats deletes the counters of IDs that nothing recovered from
+// the pinned maps uses (an agent stopped between writes, a flush that
+// raced an ID's release). IDs in use need no entry: the datapath creates
+// one when it first counts for the ID.
 func (d *Datapath) reconcileStats() error {
-	svcs := make([]uint32, 0, len(d.svcIDs.ids))
-	for _, id := range d.svcIDs.ids {
-		svcs = append(svcs, id)
-	}
-	bes := make([]uint32, 0, d.backends.len())
-	for _, e := range d.backends.all() {
-		bes = append(bes, e.id)
-	}
 	for _, t := range []struct {
 		m     counterMap
-		ids   []uint32
 		taken func(uint32) bool
-	}{{d.w.svcStats, svcs, d.svcIDs.isTaken}, {d.w.backendStats, bes, d.backendIDs.isTaken}} {
+	}{{d.w.svcStats, d.svcIDs.isTaken}, {d.w.backendStats, d.backendIDs.isTaken}} {
 		have, err := t.m.ids()
 		if err != nil {
 			return err
@@ -168,10 +159,6 @@ func (d *Datapath) reconcileStats() error {
 			}
 		}
 		if err := t.m.del(stale); err != nil {
-			return err
-		}
-		missing := slices.DeleteFunc(t.ids, func(id uint32) bool { return have[id] })
-		if err := t.m.zero(missing); err != nil {
 			return err
 		}
 	}

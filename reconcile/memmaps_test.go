@@ -157,17 +157,6 @@ type memCounters struct {
 	log  *opLog
 }
 
-func (c *memCounters) zero(ids []uint32) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	c.log.ops = append(c.log.ops, op{"put", c.name, []string{c.name}})
-	for _, id := range ids {
-		c.m[id] = true
-	}
-	return nil
-}
-
 func (c *memCounters) del(ids []uint32) error {
 	if len(ids) == 0 {
 		return nil

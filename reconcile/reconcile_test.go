@@ -84,8 +84,8 @@ func TestReconcileCommitOrder(t *testing.T) {
 	if be < 0 || slot < 0 || head < 0 || !(be < slot && slot < head) {
 		t.Fatalf("writes out of order (backends %d, slots %d, head %d):\n%v", be, slot, head, s.log.ops)
 	}
-	if z := s.log.index("put", "backend_stats", ""); z < 0 || z > head {
-		t.Fatalf("fresh backend counters zeroed at %d, after the head at %d", z, head)
+	if z := s.log.index("del", "backend_stats", ""); z < 0 || z > be {
+		t.Fatalf("fresh backend IDs' leftover counters deleted at %d, after the backends written at %d", z, be)
 	}
 	if len(s.services.m) != 3 || len(s.backends.m) != 2 {
 		t.Fatalf("maps hold %d service entries and %d backends, want 3 and 2", len(s.services.m), len(s.backends.m))

@@ -40,9 +40,9 @@ type schedMap interface {
 
 // counterMap is a per-CPU counter map keyed by service or backend ID.
 type counterMap interface {
-	// zero gives ids a zeroed entry (a fresh ID may hold a previous
-	// owner's figures).
-	zero(ids []uint32) error
+	// del deletes the entries ids have. The datapath creates an ID's
+	// entry when it first counts for it (stats_of), so a fresh ID is
+	// deleted too: it may hold a previous owner's figures.
 	del(ids []uint32) error
 	// ids is the set of IDs with an entry.
 	ids() (map[uint32]bool, error)
@@ -150,8 +150,7 @@ func (b bpfSchedMap) each(fn func(xbpf.SchedKey)) error {
 
 type bpfCounters struct{ m *ebpf.Map }
 
-func (b bpfCounters) zero(ids []uint32) error       { return maps.ZeroPerCPU[xbpf.Stats](b.m, ids) }
-func (b bpfCounters) del(ids []uint32) error        { return maps.DeleteMany(b.m, ids) }
+func (b bpfCounters) del(ids []uint32) error        { return maps.DeletePerCPU[xbpf.Stats](b.m, ids) }
 func (b bpfCounters) ids() (map[uint32]bool, error) { return maps.PerCPUKeys[xbpf.Stats](b.m) }
 
 // keysOf reads every key of m.

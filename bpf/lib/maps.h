@@ -228,11 +228,11 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xvs_sock_rev SEC(".maps");
 
-/* Per service (frontend) ID and per backend ID. The agent creates an ID's
- * entry before any map points at the ID and deletes it with the ID, so the
- * memory follows the IDs in use: a preallocated per-CPU array of every
- * possible ID cost 12.5 MiB per CPU at the default sizes (1.6 GiB on a
- * 128-CPU node). A packet never creates one. */
+/* Per service (frontend) ID and per backend ID. The first flush of an ID's
+ * traffic creates its entry (stats_of) and the agent deletes it with the
+ * ID, so the memory follows the IDs that carry traffic: a preallocated
+ * per-CPU array of every possible ID cost 12.5 MiB per CPU at the default
+ * sizes (1.6 GiB on a 128-CPU node). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__type(key, __u32);

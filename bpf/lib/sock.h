@@ -215,8 +215,8 @@ static __noinline int sock_balance(struct bpf_sock_addr *ctx, bool remember, boo
 	sock_key(&k, cookie, be->addr, be->port, proto);
 	bpf_map_update_elem(&xvs_sock_rev, &k, &rev, BPF_ANY);
 
-	struct xvs_stats *s = bpf_map_lookup_elem(&xvs_svc_stats, &svc->svc_id);
-	struct xvs_stats *b = bpf_map_lookup_elem(&xvs_backend_stats, &backend_id);
+	struct xvs_stats *s = stats_of(&xvs_svc_stats, svc->svc_id);
+	struct xvs_stats *b = stats_of(&xvs_backend_stats, backend_id);
 
 	if (s)
 		s->conns++;
