@@ -286,30 +286,24 @@ func (s *InformerSource) cachedSlice(namespace, name string) *Slice {
 	return sl
 }
 
-// serviceOf returns the Service of an informer notification: the cached
-// Service (TrimObject made it), or one made from an API Service that did
-// not go through the transform; tombstones are unwrapped.
-func serviceOf(obj any) (*Service, bool) {
-	if svc, ok := unwrap[*Service](obj); ok {
-		return svc, true
-	}
-	if svc, ok := unwrap[*v1.Service](obj); ok {
-		return NewService(svc), true
-	}
-	return nil, false
-}
+// serviceOf returns the Service of an informer notification (see cached).
+func serviceOf(obj any) (*Service, bool) { return cached(obj, NewService) }
 
-// sliceOf returns the Slice of an informer notification: the cached Slice
-// (TrimObject made it), or one parsed from an EndpointSlice that did not go
-// through the transform; tombstones are unwrapped.
-func sliceOf(obj any) (*Slice, bool) {
-	if sl, ok := unwrap[*Slice](obj); ok {
-		return sl, true
+// sliceOf returns the Slice of an informer notification (see cached).
+func sliceOf(obj any) (*Slice, bool) { return cached(obj, NewSlice) }
+
+// cached returns the object of an informer notification in the form the
+// cache keeps (C, which TrimObject made), or made from the API object (A)
+// when it did not go through the transform; tombstones are unwrapped.
+func cached[C, A any](obj any, conv func(A) C) (C, bool) {
+	if c, ok := unwrap[C](obj); ok {
+		return c, true
 	}
-	if es, ok := unwrap[*discoveryv1.EndpointSlice](obj); ok {
-		return NewSlice(es), true
+	if a, ok := unwrap[A](obj); ok {
+		return conv(a), true
 	}
-	return nil, false
+	var none C
+	return none, false
 }
 
 func (s *InformerSource) emit(ev Event) {
