@@ -266,9 +266,7 @@ func (s *InformerSource) EndpointSlice(namespace, name string) *discoveryv1.Endp
 	if sl == nil {
 		return nil
 	}
-	return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{
-		Name: sl.Name, Namespace: sl.Namespace, UID: sl.UID, ResourceVersion: sl.ResourceVersion,
-	}}
+	return &discoveryv1.EndpointSlice{ObjectMeta: sl.ObjectMeta()}
 }
 
 func (s *InformerSource) cachedSlice(namespace, name string) *Slice {

@@ -27,8 +27,9 @@ type Meta struct {
 // indexers (meta.Accessor accepts a metav1.ObjectMetaAccessor). It builds
 // a metadata object on each call: the stores ask for a key once per event.
 func (m *Meta) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID,
-		ResourceVersion: m.ResourceVersion, Labels: m.Labels}
+	om := m.ObjectMeta()
+	om.Labels = m.Labels
+	return &om
 }
 
 // Key is the object's namespace/name.

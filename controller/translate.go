@@ -48,7 +48,7 @@ func Translate(cfg Config, services []*v1.Service, slices []*discoveryv1.Endpoin
 	latest := make(map[types.NamespacedName]*Service, len(services))
 	for _, api := range services {
 		svc := NewService(api)
-		k := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+		k := svc.Key()
 		if _, dup := latest[k]; dup {
 			probs = append(probs, serviceProblem(svc, "given twice: the last one is used"))
 		}

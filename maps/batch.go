@@ -101,10 +101,8 @@ func DeletePerCPU[V any](m *ebpf.Map, ids []uint32) error {
 	return DeleteMany(m, ids)
 }
 
-// zeroPerCPU zeroes every CPU's value of keys in a per-CPU map, with batch
-// syscalls where the kernel has them: a full sync of 100k Services resets
-// over a million counters, which one update each made the slowest part of
-// it.
+// ZeroPerCPU zeroes (creating where missing) every CPU's value of keys in
+// a per-CPU map, with batch syscalls where the kernel has them.
 func ZeroPerCPU[V any](m *ebpf.Map, keys []uint32) error {
 	if len(keys) == 0 {
 		return nil

@@ -122,7 +122,8 @@ func (d *Datapath) commitDeletes(ws *writeSet) error {
 		return err
 	}
 	// Counters last, of IDs still free: a flow to a removed backend may
-	// flush into them until here, and finds none after.
+	// flush into them until here. A later flush creates the entry again;
+	// the ID's next holder deletes it as a fresh ID, a restart as unused.
 	gone := slices.DeleteFunc(ws.delSvcIDs, d.svcIDs.isTaken)
 	if err := d.w.svcStats.del(gone); err != nil {
 		return err
