@@ -157,9 +157,10 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 	} else if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return nil, err
 	}
+	srv := s // s is nil on the error returns below
 	defer func() {
 		if err != nil {
-			s.Close()
+			srv.Close()
 		}
 	}()
 	if s.files, err = writePKI(s.Dir); err != nil {
