@@ -51,6 +51,9 @@ type Options struct {
 	// perBackendMetrics exports the per-backend series of the per-Service
 	// metrics (--metrics-per-backend).
 	perBackendMetrics bool
+	// maxMetricSeries bounds the per-Service series of a scrape
+	// (--metrics-max-series).
+	maxMetricSeries int
 	// flags is the parsed command line, for /flagz (nil: no /flagz).
 	flags *pflag.FlagSet
 	// servicesFile is --services-file (publish.go).
@@ -84,6 +87,13 @@ func NewLogger(c *logsapi.LoggingConfiguration) (*slog.Logger, error) {
 	return slog.New(logr.ToSlogHandler(klog.Background())), nil
 }
 
+// defaultMaxMetricSeries bounds a scrape's per-Service series: about 16,000
+// frontends with their service series alone, or 2,000 frontends of 5
+// backends with the backend series too. A scrape costs about half a
+// kilobyte of garbage per series, and 100,000 Services of 10 endpoints
+// would make 8.6 million series (a 12 GiB agent at one scrape, measured).
+const defaultMaxMetricSeries = 100_000
+
 // AddFlags registers the agent's flags on fs: kube-proxy's and xvs's
 // (config.Options), then the datapath's (datapath.go).
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
@@ -91,6 +101,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.mode.register(fs)
 	fs.StringVar(&o.servicesFile, "services-file", "", "where to publish the Service names and endpoint states of what the datapath serves, for xvs list (default /run/xvs/services-<netns inode>.json; \"none\": not published)")
 	fs.BoolVar(&o.perBackendMetrics, "metrics-per-backend", true, "export the per-Service metrics per backend too (xvs_backend_*: one series per frontend and backend; turn off on nodes with very many endpoints, docs/metrics.md)")
+	fs.IntVar(&o.maxMetricSeries, "metrics-max-series", defaultMaxMetricSeries, "most per-Service and per-backend series one scrape exports: over it the backend series are left out, then all of them (xvs_service_metrics_series_dropped; 0: no bound; docs/metrics.md)")
 }
 
 // Complete resolves the parsed fs and the --config file into the
@@ -309,7 +320,8 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	})
 	a.closers = append(a.closers, a.syncer.svcHealth.Close)
 	if read := frontendSamples(a.active.dp, a.syncer.summary.names); read != nil {
-		if err := a.metrics.RegisterServices(read, o.perBackendMetrics); err != nil {
+		if err := a.metrics.RegisterServices(read, xmetrics.ServiceOptions{PerBackend: o.perBackendMetrics,
+			MaxSeries: o.maxMetricSeries, Size: a.syncer.summary.names.size, Log: log}); err != nil {
 			return nil, err
 		}
 	}

@@ -36,6 +36,9 @@ type frontendOwner struct {
 type frontendNames struct {
 	mu sync.RWMutex
 	by map[frontendAddr][]frontendOwner
+	// pairs counts frontends times their ServicePort's endpoints: what the
+	// per-backend series number at most (--metrics-max-series).
+	pairs int
 }
 
 func newFrontendNames() *frontendNames {
@@ -43,11 +46,20 @@ func newFrontendNames() *frontendNames {
 }
 
 // reset forgets every frontend (before a full recount).
-func (n *frontendNames) reset() { clear(n.by) }
+func (n *frontendNames) reset() { clear(n.by); n.pairs = 0 }
+
+// size is the number of frontends and frontend-endpoint pairs named, for
+// the per-Service metrics' bound.
+func (n *frontendNames) size() (frontends, pairs int) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return len(n.by), n.pairs
+}
 
 // count adds (by = 1) or removes (by = -1) sp's frontends. The caller
 // holds mu.
 func (n *frontendNames) count(sp *model.ServicePort, by int) {
+	n.pairs += by * len(sp.Frontends) * len(sp.ClusterEndpoints)
 	for _, f := range sp.Frontends {
 		k := frontendAddr{f.Proto.String(), netip.AddrPortFrom(f.Addr, f.Port)}
 		o := frontendOwner{sp.Name, f.Kind}

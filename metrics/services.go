@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"log/slog"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,14 +55,42 @@ var backendLabels = append(append([]string{}, serviceLabels...), "backend")
 // that IPVS dashboards carry over with a name change, and with the Service
 // beside each frontend, which node_exporter cannot know.
 type serviceCollector struct {
-	read       func() ([]FrontendSample, error)
-	perBackend bool
+	read func() ([]FrontendSample, error)
+	opts ServiceOptions
+	// limited is the series the last scrape left out, for the log's
+	// transitions (scrapes may run concurrently).
+	limited atomic.Int64
 
-	readErrors                                 *prometheus.Desc
+	readErrors, dropped                        *prometheus.Desc
 	conns, pktsIn, pktsOut, bytesIn, bytesOut  *prometheus.Desc
 	bConns, bPktsIn, bPktsOut, bBytesIn, bOut  *prometheus.Desc
 	bActive, bInactive, bWeight, endpointCount *prometheus.Desc
 }
+
+// ServiceOptions shape the per-Service metrics.
+type ServiceOptions struct {
+	// PerBackend adds the per-backend series (--metrics-per-backend).
+	PerBackend bool
+	// MaxSeries bounds the per-Service series of one scrape
+	// (--metrics-max-series; 0: no bound). Over it, the backend series
+	// are left out; if the service series alone are still over it, all
+	// are, and the datapath is not read at all. The gauge
+	// xvs_service_metrics_series_dropped says how many were left out.
+	MaxSeries int
+	// Size is what the next read would return, as cheaply known (from the
+	// synced state, not the maps): frontends, and frontend-backend pairs.
+	// Nil: no bound.
+	Size func() (frontends, pairs int)
+	// Log gets a line when the bound starts and stops leaving series out.
+	Log *slog.Logger
+}
+
+// Series per frontend (the xvs_service_* counters and xvs_service_backends)
+// and per frontend and backend (the xvs_backend_* series).
+const (
+	seriesPerFrontend = 6
+	seriesPerBackend  = 8
+)
 
 // RegisterServices exports the per-frontend counters read returns, on
 // every scrape:
@@ -76,7 +106,10 @@ type serviceCollector struct {
 //
 // A failed read is reported as xvs_service_stats_read_errors 1, not as a
 // failed scrape.
-func (m *Metrics) RegisterServices(read func() ([]FrontendSample, error), perBackend bool) error {
+func (m *Metrics) RegisterServices(read func() ([]FrontendSample, error), opts ServiceOptions) error {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
 	svc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, serviceLabels, nil)
 	}
@@ -84,10 +117,12 @@ func (m *Metrics) RegisterServices(read func() ([]FrontendSample, error), perBac
 		return prometheus.NewDesc(name, help, backendLabels, nil)
 	}
 	return m.Registry.Register(&serviceCollector{
-		read:       read,
-		perBackend: perBackend,
+		read: read,
+		opts: opts,
 		readErrors: prometheus.NewDesc("xvs_service_stats_read_errors",
 			"1 when the last scrape could not read the per-Service counters", nil, nil),
+		dropped: prometheus.NewDesc("xvs_service_metrics_series_dropped",
+			"Per-Service and per-backend series the last scrape left out because they would pass --metrics-max-series (estimated from the synced state; 0: none)", nil, nil),
 		conns:         svc("xvs_service_connections_total", "Connections (flows) scheduled through the frontend"),
 		pktsIn:        svc("xvs_service_incoming_packets_total", "Packets from clients through the frontend to its backends"),
 		pktsOut:       svc("xvs_service_outgoing_packets_total", "Packets from the frontend's backends back to clients"),
@@ -106,8 +141,8 @@ func (m *Metrics) RegisterServices(read func() ([]FrontendSample, error), perBac
 }
 
 func (c *serviceCollector) descs() []*prometheus.Desc {
-	d := []*prometheus.Desc{c.readErrors, c.conns, c.pktsIn, c.pktsOut, c.bytesIn, c.bytesOut, c.endpointCount}
-	if c.perBackend {
+	d := []*prometheus.Desc{c.readErrors, c.dropped, c.conns, c.pktsIn, c.pktsOut, c.bytesIn, c.bytesOut, c.endpointCount}
+	if c.opts.PerBackend {
 		d = append(d, c.bConns, c.bPktsIn, c.bPktsOut, c.bBytesIn, c.bOut, c.bActive, c.bInactive, c.bWeight)
 	}
 	return d
@@ -119,7 +154,46 @@ func (c *serviceCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// bound decides what this scrape exports: the service series, the backend
+// series, and how many series are left out.
+func (c *serviceCollector) bound() (services, backends bool, dropped int) {
+	services, backends = true, c.opts.PerBackend
+	if c.opts.MaxSeries <= 0 || c.opts.Size == nil {
+		return services, backends, 0
+	}
+	frontends, pairs := c.opts.Size()
+	svc, be := seriesPerFrontend*frontends, 0
+	if backends {
+		be = seriesPerBackend * pairs
+	}
+	switch {
+	case svc+be <= c.opts.MaxSeries:
+	case svc <= c.opts.MaxSeries:
+		backends, dropped = false, be
+	default:
+		services, backends, dropped = false, false, svc+be
+	}
+	if prev := c.limited.Swap(int64(dropped)); (prev == 0) != (dropped == 0) {
+		if dropped > 0 {
+			c.opts.Log.Warn("per-Service metrics over --metrics-max-series: leaving series out",
+				"frontends", frontends, "frontendBackendPairs", pairs, "maxSeries", c.opts.MaxSeries,
+				"serviceSeries", services, "backendSeries", backends, "dropped", dropped)
+		} else {
+			c.opts.Log.Info("per-Service metrics within --metrics-max-series again", "frontends", frontends, "frontendBackendPairs", pairs)
+		}
+	}
+	return services, backends, dropped
+}
+
 func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
+	services, perBackend, dropped := c.bound()
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(dropped))
+	if !services {
+		// Not even read: at this size the read alone costs more than a
+		// scrape should.
+		ch <- prometheus.MustNewConstMetric(c.readErrors, prometheus.GaugeValue, 0)
+		return
+	}
 	frontends, err := c.read()
 	failed := 0.0
 	if err != nil {
@@ -142,7 +216,7 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bytesIn, f.Counts.BytesIn, l)
 		counter(c.bytesOut, f.Counts.BytesOut, l)
 		gauge(c.endpointCount, float64(len(f.Backends)), l)
-		if !c.perBackend {
+		if !perBackend {
 			continue
 		}
 		for _, b := range f.Backends {

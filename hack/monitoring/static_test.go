@@ -57,7 +57,7 @@ func exported(t *testing.T) map[string]model.MetricType {
 	if err := m.RegisterServices(func() ([]xmetrics.FrontendSample, error) {
 		return []xmetrics.FrontendSample{{Protocol: "TCP", Address: netip.MustParseAddrPort("10.96.0.1:443"),
 			Backends: []xmetrics.BackendSample{{Address: netip.MustParseAddrPort("192.168.0.1:6443")}}}}, nil
-	}, true); err != nil {
+	}, xmetrics.ServiceOptions{PerBackend: true}); err != nil {
 		t.Fatal(err)
 	}
 	// One request through client-go, as the agent's informers make.
