@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -280,25 +281,51 @@ func (p *servicesPublisher) run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// write writes the ports as they are now.
-func (p *servicesPublisher) write() error {
+// write writes the ports as they are now. It encodes them one at a time
+// into the file: at 100,000 Service ports the file is about 100 MB, and
+// encoding it whole (with the encoder's doubling buffer) cost the agent
+// several hundred MB of RSS after every change.
+func (p *servicesPublisher) write() (err error) {
 	p.mu.Lock()
 	names := slices.SortedFunc(maps.Keys(p.ports), model.ServicePortName.Compare)
-	f := ServicesFile{SchemaVersion: ServicesFileSchema, Written: time.Now().UTC(), Ports: make([]PublishedPort, 0, len(names))}
+	ports := make([]PublishedPort, 0, len(names))
 	for _, n := range names {
-		f.Ports = append(f.Ports, p.ports[n])
+		ports = append(ports, p.ports[n])
 	}
 	p.dirty = false
 	p.mu.Unlock()
-	b, err := json.Marshal(&f)
-	if err != nil {
-		return err
-	}
 	if err := os.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
 		return err
 	}
 	tmp := p.path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	w := bufio.NewWriterSize(f, 256<<10)
+	schema, _ := json.Marshal(ServicesFileSchema)
+	written, _ := time.Now().UTC().MarshalJSON()
+	fmt.Fprintf(w, `{"schemaVersion":%s,"written":%s,"ports":[`, schema, written)
+	enc := json.NewEncoder(w)
+	for i := range ports {
+		if i > 0 {
+			w.WriteByte(',')
+		}
+		if err := enc.Encode(&ports[i]); err != nil {
+			return err
+		}
+	}
+	w.WriteString("]}\n")
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
 		return err
 	}
 	return os.Rename(tmp, p.path)
