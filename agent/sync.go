@@ -244,7 +244,9 @@ func (s *syncer) lowerGC() {
 	}
 }
 
-// raiseGC puts the target back after a sync that reached the datapath.
+// raiseGC sets the target for the time until the next full sync, after a
+// sync that reached the datapath (controller.SteadyGCPercent: Go's default
+// for a small heap, less headroom for a large one, or the operator's GOGC).
 func (s *syncer) raiseGC() {
 	if s.restoreGC != nil {
 		s.restoreGC()
