@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,9 +17,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/lab"
@@ -35,9 +36,27 @@ type agentResult struct {
 	Source   string // "file" or "api"
 	Ready    time.Duration
 	RSS, HWM uint64
-	// Created is how long writing the objects into the API server took
-	// (before the agent starts; not in Ready).
+	// Created is how long putting the objects into the API server's etcd
+	// took (before the server and the agent start; not in Ready).
 	Created time.Duration
+	// Scrape is one GET of /metrics after the settle, ScrapeBytes its
+	// size, ScrapeRSS and ScrapeHWM the process's memory after it.
+	Scrape               time.Duration
+	ScrapeBytes          int
+	ScrapeRSS, ScrapeHWM uint64
+	// Changes are the times from an EndpointSlice update written to the
+	// API server to the change in the agent's maps (api source only).
+	Changes []time.Duration
+}
+
+// changeQuantiles are the p50 and p99 of Changes, false when there are
+// none.
+func (a agentResult) changeQuantiles() (p50, p99 time.Duration, ok bool) {
+	if len(a.Changes) == 0 {
+		return 0, 0, false
+	}
+	s := slices.Sorted(slices.Values(a.Changes))
+	return percentile(s, 0.5).Round(10 * time.Microsecond), percentile(s, 0.99).Round(10 * time.Microsecond), true
 }
 
 // measureAgentProcess runs the real `xvs agent` binary (ebpf mode) on N
@@ -48,7 +67,11 @@ type agentResult struct {
 func measureAgentProcess(ctx context.Context, opts Options, bin string) ([]agentResult, error) {
 	var out []agentResult
 	run := func(n int, source string) error {
-		r, err := agentProcessAt(ctx, n, bin, source)
+		changes := 0
+		if source == "api" && n == slices.Max(opts.Control.APISizes) {
+			changes = min(opts.Control.Changes, agentChangeCount)
+		}
+		r, err := agentProcessAt(ctx, n, bin, source, changes)
 		if err != nil {
 			return fmt.Errorf("%d services (%s): %w", n, source, err)
 		}
@@ -69,6 +92,10 @@ func measureAgentProcess(ctx context.Context, opts Options, bin string) ([]agent
 	return out, nil
 }
 
+// agentChangeCount bounds the changes timed through the API server, at
+// its largest size (each takes over a second).
+const agentChangeCount = 50
+
 // agentSettle is how long after the last Service appears in the maps the
 // agent's RSS is read.
 const agentSettle = 2 * time.Second
@@ -77,7 +104,7 @@ const agentSettle = 2 * time.Second
 // million Services); /12 is the widest range the API server takes.
 const agentServiceCIDR = "172.16.0.0/12"
 
-func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentResult, err error) {
+func agentProcessAt(ctx context.Context, n int, bin, source string, changes int) (res agentResult, err error) {
 	res.N, res.Source = n, source
 	l, err := lab.New(lab.UniquePrefix("bench"))
 	if err != nil {
@@ -93,8 +120,11 @@ func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentRe
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	svcs, want := agentServices(n, source)
-	sourceArgs, closeSource, err := agentSource(ctx, source, dir, node, svcs, &res)
+	want := n
+	if source == "api" {
+		want++ // and the API server's own `kubernetes` Service
+	}
+	sourceArgs, srv, closeSource, err := agentSource(ctx, source, dir, node, n, &res)
 	if err != nil {
 		return res, err
 	}
@@ -136,89 +166,143 @@ func agentProcessAt(ctx context.Context, n int, bin, source string) (res agentRe
 	if res.RSS, err = statusField(status, "VmRSS"); err != nil {
 		return res, err
 	}
-	res.HWM, err = statusField(status, "VmHWM")
+	if res.HWM, err = statusField(status, "VmHWM"); err != nil {
+		return res, err
+	}
+	// Then a scrape of /metrics, as Prometheus makes every 15 to 30 s.
+	start = time.Now()
+	code, _, body, err := lab.HTTPGet(node.NS, "http://127.0.0.1:10249/metrics")
+	if err == nil && code != 200 {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil {
+		return res, fmt.Errorf("scrape /metrics: %w", err)
+	}
+	res.Scrape, res.ScrapeBytes = time.Since(start), len(body)
+	time.Sleep(agentSettle)
+	if res.ScrapeRSS, err = statusField(status, "VmRSS"); err != nil {
+		return res, err
+	}
+	if res.ScrapeHWM, err = statusField(status, "VmHWM"); err != nil || srv == nil {
+		return res, err
+	}
+	res.Changes, err = agentChanges(ctx, srv, pin, n, changes)
 	return res, err
 }
 
-// agentServices are the benchmark's n Services with their endpoints, and
-// how many Services the agent is to serve. The API server gives its own
-// `kubernetes` Service the first address of the range, vipOf(0): there
-// the benchmark's start one later, and the agent serves that one too.
-func agentServices(n int, source string) ([]ruleService, int) {
-	first, want := 0, n
-	if source == "api" {
-		first, want = 1, n+1
+// agentChanges times changes through the API server: each adds an 11th
+// endpoint to one Service's EndpointSlice or takes it away again (as the
+// control benchmark's changes do), from the update's request to the
+// Service's head in the pinned map showing the new endpoint count. The
+// API server's write and watch, the agent's informer, its sync and the
+// kernel's map update are all in it.
+func agentChanges(ctx context.Context, srv *kubeapi.Server, pin string, n, changes int) ([]time.Duration, error) {
+	m, err := maps.OpenPinned(pin)
+	if err != nil {
+		return nil, err
 	}
+	defer m.Close()
+	var out []time.Duration
+	for i := range changes {
+		idx := (i / 2 * 7919) % n
+		want := backendsPerService
+		if i%2 == 0 {
+			want++
+		}
+		sl := controlSlice(idx, want, "")
+		start := time.Now()
+		uctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := srv.Client.DiscoveryV1().EndpointSlices(sl.Namespace).Update(uctx, sl, metav1.UpdateOptions{})
+		cancel()
+		if err != nil {
+			return out, fmt.Errorf("change %d: %w", i, err)
+		}
+		if err := waitCount(m.Services, vipOf(1+idx), uint16(want), nil); err != nil {
+			return out, fmt.Errorf("change %d: %w", i, err)
+		}
+		out = append(out, time.Since(start))
+		// Past the agent's minimum sync interval (1 s by default), so
+		// that no change waits for the previous one's rate limit.
+		time.Sleep(1100 * time.Millisecond)
+	}
+	return out, nil
+}
+
+// agentServices are the benchmark's n Services with their endpoints, for
+// the file source's manifests.
+func agentServices(n int) []ruleService {
 	svcs := trafficServices(n)
 	for i := range svcs {
-		svcs[i].VIP = vipOf(first + i)
+		svcs[i].VIP = vipOf(i)
 		svcs[i].Endpoints = make([]netip.AddrPort, backendsPerService)
 		for j := range backendsPerService {
 			svcs[i].Endpoints[j] = netip.AddrPortFrom(addAddr(backendBase, 1+i*backendsPerService+j), trafficPodPort)
 		}
 	}
-	return svcs, want
+	return svcs
 }
 
-// agentSource puts svcs where the agent's source reads them: manifests in
-// dir ("file"), or a real API server ("api", its time to create them in
-// res.Created). It returns the agent's flags for that source and what
-// ends it.
-func agentSource(ctx context.Context, source, dir string, node *lab.Node, svcs []ruleService, res *agentResult) ([]string, func() error, error) {
+// apiObjects are the n Services and EndpointSlices of the api source,
+// shaped as the control benchmark's (a chart's Service, the EndpointSlice
+// controller's slice with 10 endpoints) and as the API server stores them
+// (the fields it defaults on create are set). The API server gives its own
+// `kubernetes` Service the first address of the range, vipOf(0): Service i
+// is at vipOf(1+i).
+func apiObjects(n int) []runtime.Object {
+	objs := make([]runtime.Object, 0, 2*n)
+	for i := range n {
+		svc := chartService(i, vipOf(1+i))
+		sl := controlSlice(i, backendsPerService, "")
+		svc.ResourceVersion = ""
+		objs = append(objs, svc, sl)
+	}
+	return objs
+}
+
+// agentSource puts n Services where the agent's source reads them:
+// manifests in dir ("file"), or a real API server ("api": the objects put
+// straight into its etcd before it starts, that time in res.Created). It
+// returns the agent's flags for that source, the API server (nil for the
+// file source) and what ends it.
+func agentSource(ctx context.Context, source, dir string, node *lab.Node, n int, res *agentResult) ([]string, *kubeapi.Server, func() error, error) {
 	none := func() error { return nil }
 	switch source {
 	case "file":
 		objects := filepath.Join(dir, "objects")
 		if err := os.Mkdir(objects, 0o755); err != nil {
-			return nil, none, err
+			return nil, nil, none, err
 		}
-		if err := writeManifests(objects, svcs); err != nil {
-			return nil, none, err
+		if err := writeManifests(objects, agentServices(n)); err != nil {
+			return nil, nil, none, err
 		}
-		return []string{"--objects", objects}, none, nil
+		return []string{"--objects", objects}, nil, none, nil
 	case "api":
-		srv, err := kubeapi.Start(ctx, kubeapi.Options{ServiceCIDRs: agentServiceCIDR})
+		kdir := filepath.Join(dir, "kubeapi")
+		start := time.Now()
+		// Creating them through the API server would take hours at
+		// 100,000 (kubeapi.Seed says why).
+		if _, err := kubeapi.Seed(ctx, kdir, apiObjects(n)); err != nil {
+			return nil, nil, none, err
+		}
+		res.Created = time.Since(start)
+		srv, err := kubeapi.Start(ctx, kubeapi.Options{Dir: kdir, ServiceCIDRs: agentServiceCIDR, ReadyTimeout: 10 * time.Minute})
 		if err != nil {
-			return nil, none, fmt.Errorf("kube-apiserver: %w", err)
+			return nil, nil, none, fmt.Errorf("kube-apiserver: %w", err)
 		}
 		// The agent lives in the node namespace, the server on the
 		// host's loopback.
 		ln, err := lab.ForwardInto(node.NS, net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port)))
 		if err != nil {
-			return nil, none, errors.Join(err, srv.Close())
+			return nil, nil, none, errors.Join(err, srv.Close())
 		}
 		closeAll := func() error { ln.Close(); return srv.Close() }
-		start := time.Now()
-		if err := createObjects(ctx, srv.Config, svcs); err != nil {
-			err = fmt.Errorf("create objects: %w (server log: %s)", err, srv.LogTail(2048))
-			return nil, none, errors.Join(err, closeAll())
+		if err := createNodeAndNamespace(ctx, srv.Client, "bench"); err != nil {
+			err = fmt.Errorf("node and namespace: %w (server log: %s)", err, srv.LogTail(2048))
+			return nil, nil, none, errors.Join(err, closeAll())
 		}
-		res.Created = time.Since(start)
-		return []string{"--kubeconfig", srv.Kubeconfig}, closeAll, nil
+		return []string{"--kubeconfig", srv.Kubeconfig}, srv, closeAll, nil
 	}
-	return nil, none, fmt.Errorf("unknown source %q", source)
-}
-
-// createObjects writes the Namespace, the Node (with its InternalIP) and
-// every Service and EndpointSlice into the API server, with a few writers
-// in parallel and the client's rate limit lifted.
-func createObjects(ctx context.Context, cfg *rest.Config, svcs []ruleService) error {
-	cfg = rest.CopyConfig(cfg)
-	cfg.QPS, cfg.Burst = 5000, 10000
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	namespaces := map[string]bool{}
-	for _, s := range svcs {
-		namespaces[s.Namespace] = true
-	}
-	for ns := range namespaces {
-		if err := createNodeAndNamespace(ctx, c, ns); err != nil {
-			return err
-		}
-	}
-	return createServices(ctx, c, svcs)
+	return nil, nil, none, fmt.Errorf("unknown source %q", source)
 }
 
 // createNodeAndNamespace writes the Namespace and, once, the Node "node"

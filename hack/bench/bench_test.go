@@ -53,7 +53,7 @@ func TestPrivBenchTiny(t *testing.T) {
 		"| 1 |", "| 10 |", "## Schedulers", "## XDP per-packet",
 		"## Real traffic through a node", "### New TCP connections per second", "### Requests per second",
 		"### First-packet latency", "### Time to program", "### CPU time per new connection", "xvs agent, ebpf mode", "agent-ebpf / floor", "### Where xvs's extra cost per connection goes", "| 20 |", "never slower than iptables",
-		"## Control plane: the agent's pipeline", "| 50 | 500 |", "The real agent process", "| api | 20 | 200 |", "| file | 50 | 500 |", "One EndpointSlice change to the maps at 50 Services",
+		"## Control plane: the agent's pipeline", "| 50 | 500 |", "The real agent process", "| api | 20 | 200 |", "| file | 50 | 500 |", "one EndpointSlice change through the API server to the maps p50", "Scrape: time, size", "One EndpointSlice change to the maps at 50 Services",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q:\n%s", want, report)

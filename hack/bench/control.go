@@ -398,24 +398,30 @@ func controlObjects(n int) ([]*controller.Service, []*controller.Slice) {
 	svcs := make([]*controller.Service, n)
 	sls := make([]*controller.Slice, n)
 	for i := range n {
-		vip := vipOf(i).String()
-		name := controlName(i)
-		svc := &v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", ResourceVersion: "1",
-				UID: serviceUID(i), CreationTimestamp: controlCreated,
-				Labels: chartLabels(name), Annotations: map[string]string{"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": "bench"}},
-			Spec: v1.ServiceSpec{
-				Type: v1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
-				Ports:      []v1.ServicePort{{Name: "http", Port: servicePort, TargetPort: intstr.FromInt32(backendPort), Protocol: v1.ProtocolTCP}},
-				Selector:   map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name},
-				IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, IPFamilyPolicy: ptr(v1.IPFamilyPolicySingleStack),
-				SessionAffinity: v1.ServiceAffinityNone, InternalTrafficPolicy: ptr(v1.ServiceInternalTrafficPolicyCluster),
-			},
-		}
+		svc := chartService(i, vipOf(i))
 		svcs[i] = informerCached(svc).(*controller.Service)
 		sls[i] = informerCached(controlSlice(i, backendsPerService, "1")).(*controller.Slice)
 	}
 	return svcs, sls
+}
+
+// chartService is Service i as the API server sends it for a chart's
+// Deployment: port 80 to 8080 at vip, a chart's labels and annotations, a
+// selector, and the fields the API server defaults on create.
+func chartService(i int, vip netip.Addr) *v1.Service {
+	name := controlName(i)
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", ResourceVersion: "1",
+			UID: serviceUID(i), CreationTimestamp: controlCreated,
+			Labels: chartLabels(name), Annotations: map[string]string{"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": "bench"}},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
+			Ports:      []v1.ServicePort{{Name: "http", Port: servicePort, TargetPort: intstr.FromInt32(backendPort), Protocol: v1.ProtocolTCP}},
+			Selector:   map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name},
+			IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, IPFamilyPolicy: ptr(v1.IPFamilyPolicySingleStack),
+			SessionAffinity: v1.ServiceAffinityNone, InternalTrafficPolicy: ptr(v1.ServiceInternalTrafficPolicyCluster),
+		},
+	}
 }
 
 func controlName(i int) string { return "svc-" + strconv.Itoa(i) }
@@ -531,15 +537,19 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 			percentile(slices.Sorted(slices.Values(last.ChangeSync)), 0.99).Round(time.Microsecond*10), controlMinSync)
 	}
 	if len(agent) > 0 {
-		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size), fed N Services and their EndpointSlices (%d endpoints each) two ways: through the real watcher path (source `api`: a kube-apiserver v1.37 with embedded etcd from lab/kubeapi holds the objects, written before the agent starts; the agent lists and watches them with its informers, as in a cluster), and through the file source (source `file`: one manifest file, read and decoded by the agent). Ready is the time from the process's start to every Service's head in the pinned map; RSS is the process's %v later (once it has handed the sync's garbage back), peak its VmHWM.\n\n",
-			backendsPerService, agentSettle)
-		fmt.Fprintf(&b, "| Source | Services | Backends | Ready after | RSS (MiB) | Peak RSS (MiB) | Objects written in |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "**The real agent process** (`xvs agent`, ebpf mode, with the `--bpf-max-*` map sizes docs/configuration.md gives for the size), fed N Services and their EndpointSlices (%d endpoints each) two ways: through the real watcher path (source `api`: a kube-apiserver v1.37 with embedded etcd from lab/kubeapi holds the objects, shaped as above for a chart's Deployment; they are put straight into its etcd before it starts, with the IPAddress objects its allocator keeps (kubeapi.Seed: creating 100,000 Services through the API server takes hours, because each ClusterIP allocation lists every IPAddress to update a metric); the agent lists and watches them with its informers, as in a cluster), and through the file source (source `file`: one manifest file of minimal objects, read and decoded by the agent). Ready is the time from the process's start to every Service's head in the pinned map; RSS is the process's %v later (once it has handed the sync's garbage back), peak its VmHWM. **Scrape**: then one GET of the agent's `/metrics` (with its defaults: per-backend series on, `--metrics-max-series` 100,000), its time and size, and the process's RSS and peak %v after it. **One change** (api source): an EndpointSlice update written to the API server (an 11th endpoint added to one Service, or taken away again; up to %d changes at the largest size, 1.1 s apart, past the agent's minimum sync interval), timed from the request to the Service's head in the pinned map showing the new count: the API server's write and watch, the informer, the agent's sync and the map update.\n\n",
+			backendsPerService, agentSettle, agentSettle, agentChangeCount)
+		fmt.Fprintf(&b, "| Source | Services | Backends | Objects written in | Ready after | RSS (MiB) | Peak RSS (MiB) | Scrape: time, size | RSS after it (MiB) | Peak after it (MiB) | One change, p50 | One change, p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, a := range agent {
-			created := "–"
+			created, p50s, p99s := "–", "–", "–"
 			if a.Created > 0 {
 				created = a.Created.Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(&b, "| %s | %d | %d | %v | %.0f | %.0f | %s |\n", a.Source, a.N, a.N*backendsPerService, a.Ready.Round(time.Millisecond), float64(a.RSS)/(1<<20), float64(a.HWM)/(1<<20), created)
+			if p50, p99, ok := a.changeQuantiles(); ok {
+				p50s, p99s = p50.String(), p99.String()
+			}
+			fmt.Fprintf(&b, "| %s | %d | %d | %s | %v | %.0f | %.0f | %v, %.1f MiB | %.0f | %.0f | %s | %s |\n", a.Source, a.N, a.N*backendsPerService, created, a.Ready.Round(time.Millisecond),
+				float64(a.RSS)/(1<<20), float64(a.HWM)/(1<<20), a.Scrape.Round(time.Millisecond), float64(a.ScrapeBytes)/(1<<20), float64(a.ScrapeRSS)/(1<<20), float64(a.ScrapeHWM)/(1<<20), p50s, p99s)
 		}
 		fmt.Fprintln(&b)
 	}
@@ -554,7 +564,7 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 			percentile(s, 0.99).Round(time.Microsecond*10), yesNo(percentile(s, 0.99) <= goalChangeP99))
 	}
 	mib := func(v uint64) float64 { return float64(v) / (1 << 20) }
-	fmt.Fprintf(&b, "\n**What limits them.** A change is O(changed) end to end: the Tracker recomputes only the changed Service and hands the datapath a numbered State whose Delta names the changed ServicePorts (its map is updated in place, so a change allocates next to nothing and the garbage collector stays idle), `Datapath.Sync` applies only those, and the agent's metrics and health-check bookkeeping follow the same Delta. The full sync's CPU goes to translating N Services, the kernel's inserts of about %d hash-map entries (service slots and backends), zeroing the per-CPU counters of every fresh ID, and the garbage collector. **Memory:** of the %.0f MiB live heap after the sync at %d Services, %.0f MiB are the Service and EndpointSlice objects themselves (as the agent's informer cache holds them: Services trimmed of managedFields, foreign annotations and labels, selectors and owners, EndpointSlices parsed into Slices); xvs's own structures (the Tracker's index and translations, the State, the Datapath's bookkeeping: one pointer-free entry per backend in a map per family, ID bitmaps) are the other %.0f MiB. At Go's default GOGC=100 the heap would grow to about twice the live heap between collections; from its start until the first sync is applied, and during every later full sync, the agent lowers the target to GOGC=25 (controller.LowerGCTarget; an operator's lower GOGC stays), as this run does, trading some CPU of the full sync for a lower peak (the peak column above is this run's). After the sync the agent hands the garbage back, and RSS falls to about the live heap. The informers cache EndpointSlices as parsed, compact Slices (about a quarter of the API object) and the Tracker shares them; the Services are still whole API objects, and the State's ServicePorts and the Datapath's per-backend entries are the rest.\n",
+	fmt.Fprintf(&b, "\n**What limits them.** A change is O(changed) end to end: the Tracker recomputes only the changed Service and hands the datapath a numbered State whose Delta names the changed ServicePorts (its map is updated in place, so a change allocates next to nothing and the garbage collector stays idle), `Datapath.Sync` applies only those, and the agent's metrics and health-check bookkeeping follow the same Delta. The full sync's CPU goes to translating N Services, the kernel's inserts of about %d hash-map entries (service slots and backends) and the garbage collector (the per-Service and per-backend counters are created by the datapath when traffic first counts for an ID, not by the sync). **Memory:** of the %.0f MiB live heap after the sync at %d Services, %.0f MiB are the Service and EndpointSlice objects themselves (as the agent's informer cache holds them: compact Services with the fields the translation reads, EndpointSlices parsed into compact Slices); xvs's own structures (the Tracker's index and translations, the State, the Datapath's bookkeeping: one pointer-free entry per backend in a map per family, ID bitmaps) are the other %.0f MiB. At Go's default GOGC=100 the heap would grow to about twice the live heap between collections; from its start until the first sync is applied, and during every later full sync, the agent lowers the target to GOGC=25 (controller.LowerGCTarget; an operator's lower GOGC stays), as this run does, trading some CPU of the full sync for a lower peak (the peak column above is this run's). After the sync the agent hands the garbage back, and RSS falls to about the live heap; until the next full sync the heap may grow by 64 MiB or a quarter of the live heap, whichever is more (controller.SteadyGCPercent). The real agent holds more than this child: its Services file and per-Service metrics bookkeeping, client-go's informer machinery, and the garbage of its informers' list (table below).\n",
 		last.N*(2+backendsPerService), mib(last.Heap), last.N, mib(last.ObjectsHeap), mib(last.Heap-min(last.Heap, last.ObjectsHeap)))
 	fmt.Fprintf(&b, "\nRSS is given twice: after the full sync, once the agent has handed the sync's garbage back (`debug.FreeOSMemory`, as the agent does after every full sync), which is what the agent holds from then on; and the peak during the sync, which a container memory limit must also allow for (the agent's Go soft limit, 90%% of the container's, makes the collector work harder near it). **Reference, not measured by us** (figures quoted when these goals were set): kube-proxy's first full sync of 10k Services took 37–42 s in nftables mode and 113–127 s in iptables mode; one endpoint change reached the datapath in 0.5–0.6 s and 1.6–2.0 s; its RSS was about 220 MiB.\n\n")
 	return b.Bytes()

@@ -90,7 +90,7 @@ func parseFlags(args []string) (Options, error) {
 	workers := fs.Int("workers", 8, "load generator worker threads")
 	window := fs.Duration("window", 3*time.Second, "measured time of each real-traffic run (after a warm-up of a sixth of it)")
 	controlSizes := fs.String("control-sizes", "1000,10000,50000,100000", "numbers of Services for the control-plane figures (empty: skip them)")
-	apiSizes := fs.String("api-sizes", "1000,10000", "numbers of Services the real agent reads through a kube-apiserver (lab/kubeapi; empty: none)")
+	apiSizes := fs.String("api-sizes", "1000,10000,100000", "numbers of Services the real agent reads through a kube-apiserver (lab/kubeapi; empty: none)")
 	changes := fs.Int("changes", 200, "EndpointSlice changes timed at the largest control size")
 	cpuprofile := fs.String("control-cpuprofile", "", "write a CPU profile of the largest control-plane child")
 	datapaths := fs.String("datapaths", "floor,xvs,nftables,iptables", "real-traffic datapaths: floor, xvs, nftables, iptables, agent-ebpf, agent-ipvs")
