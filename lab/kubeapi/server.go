@@ -170,7 +170,11 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 	s.Kubeconfig = filepath.Join(s.Dir, "admin.kubeconfig")
 	// Free ports are picked, released and bound again by the server: a
 	// concurrent test may take one in between. Then the server exits
-	// before it is ready, and new ports are tried.
+	// before it is ready, and new ports are tried. Over a large store
+	// (100k Services seeded) the server may also exit because its
+	// NodePort repair ran while the Services' watch cache was still
+	// filling and did not try again within its start hook's minute; a
+	// kubelet restarts such a static pod, and so does this.
 	for attempt := 1; ; attempt++ {
 		mark := logSize(s.Log)
 		err := s.configure(opts)
@@ -180,7 +184,8 @@ func Start(ctx context.Context, opts Options) (s *Server, err error) {
 		if err == nil {
 			return s, nil
 		}
-		if attempt == 3 || !strings.Contains(s.logSince(mark), "address already in use") {
+		log := s.logSince(mark)
+		if attempt == 3 || !strings.Contains(log, "address already in use") && !strings.Contains(log, `"start-service-ip-repair-controllers" failed`) {
 			return nil, err
 		}
 	}
