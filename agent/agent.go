@@ -89,9 +89,10 @@ func NewLogger(c *logsapi.LoggingConfiguration) (*slog.Logger, error) {
 
 // defaultMaxMetricSeries bounds a scrape's per-Service series: about 16,000
 // frontends with their service series alone, or 2,000 frontends of 5
-// backends with the backend series too. A scrape costs about half a
-// kilobyte of garbage per series, and 100,000 Services of 10 endpoints
-// would make 8.6 million series (a 12 GiB agent at one scrape, measured).
+// backends with the backend series too. A scrape costs the agent about a
+// kilobyte of RSS per series (measured: 86,000 series, 47 -> 146 MiB),
+// and 100,000 Services of 10 endpoints would make 8.6 million series (a
+// 12 GiB agent at one scrape, measured).
 const defaultMaxMetricSeries = 100_000
 
 // AddFlags registers the agent's flags on fs: kube-proxy's and xvs's
