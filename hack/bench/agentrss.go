@@ -251,10 +251,7 @@ func agentServices(n int) []ruleService {
 func apiObjects(n int) []runtime.Object {
 	objs := make([]runtime.Object, 0, 2*n)
 	for i := range n {
-		svc := chartService(i, vipOf(1+i))
-		sl := controlSlice(i, backendsPerService, "")
-		svc.ResourceVersion = ""
-		objs = append(objs, svc, sl)
+		objs = append(objs, chartService(i, vipOf(1+i)), controlSlice(i, backendsPerService, ""))
 	}
 	return objs
 }

@@ -23,7 +23,7 @@ import (
 // Seed writes objs straight into the etcd data under dir (the Options.Dir
 // of a later Start, which must not be running), as the API server stores
 // them: JSON under its keys, with a UID and a creation time where the
-// object has none, and for every ClusterIP of a Service the IPAddress
+// object has none and no resourceVersion, and for every ClusterIP of a Service the IPAddress
 // object the API server's allocator keeps beside it (so its repair loop
 // finds nothing to do). It takes Services and EndpointSlices. The API
 // server does not default what it reads back: give the fields it would
@@ -71,28 +71,29 @@ func writeSeed(path string, objs []runtime.Object, now metav1.Time) (int, error)
 	w := bufio.NewWriterSize(f, 1<<20)
 	enc := json.NewEncoder(w)
 	n := 0
-	put := func(key string, obj any) error {
+	// put stamps obj (its meta) as the API server does on create and
+	// writes its record: a UID and a creation time where it has none, and
+	// no resourceVersion (the server reads it from etcd's revision).
+	put := func(key string, meta *metav1.ObjectMeta, obj any) error {
+		if meta.UID == "" {
+			meta.UID = uuid.NewUUID()
+		}
+		if meta.CreationTimestamp.IsZero() {
+			meta.CreationTimestamp = now
+		}
+		meta.ResourceVersion = ""
 		n++
 		return enc.Encode(struct {
 			K string `json:"k"`
 			V any    `json:"v"`
 		}{key, obj})
 	}
-	stamp := func(m *metav1.ObjectMeta) {
-		if m.UID == "" {
-			m.UID = uuid.NewUUID()
-		}
-		if m.CreationTimestamp.IsZero() {
-			m.CreationTimestamp = now
-		}
-	}
 	for _, obj := range objs {
 		switch o := obj.(type) {
 		case *v1.Service:
 			s := *o
 			s.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-			stamp(&s.ObjectMeta)
-			if err := put("/registry/services/specs/"+s.Namespace+"/"+s.Name, &s); err != nil {
+			if err := put("/registry/services/specs/"+s.Namespace+"/"+s.Name, &s.ObjectMeta, &s); err != nil {
 				return n, err
 			}
 			for _, ip := range s.Spec.ClusterIPs {
@@ -103,16 +104,14 @@ func writeSeed(path string, objs []runtime.Object, now metav1.Time) (int, error)
 				if a == nil {
 					continue
 				}
-				stamp(&a.ObjectMeta)
-				if err := put("/registry/ipaddresses/"+a.Name, a); err != nil {
+				if err := put("/registry/ipaddresses/"+a.Name, &a.ObjectMeta, a); err != nil {
 					return n, err
 				}
 			}
 		case *discoveryv1.EndpointSlice:
 			s := *o
 			s.TypeMeta = metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"}
-			stamp(&s.ObjectMeta)
-			if err := put("/registry/endpointslices/"+s.Namespace+"/"+s.Name, &s); err != nil {
+			if err := put("/registry/endpointslices/"+s.Namespace+"/"+s.Name, &s.ObjectMeta, &s); err != nil {
 				return n, err
 			}
 		default:
