@@ -92,7 +92,7 @@ type Probe struct {
 	Expect     Expect   `json:"expect"`
 	Masquerade *bool    `json:"masquerade"`
 	Tries      int      `json:"tries"`
-	Timeout    Duration `json:"timeout"` // FORMAT's "probe timeout (default 1s)"
+	Timeout    Duration `json:"timeout"` // FORMAT's "probe timeout" (default 1s, SCTP 3.5s)
 
 	// Version 2 (traffic.go).
 	SourcePort uint16    `json:"sourcePort"`
@@ -357,6 +357,11 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 const (
 	DefaultTries   = 16
 	DefaultTimeout = time.Second
+	// DefaultSCTPTimeout is an SCTP probe's: an association's INIT is
+	// sent again only after net.sctp.rto_initial (3 s), where a TCP SYN
+	// is sent again after 1 s, so one INIT lost to a busy machine (a TCG
+	// guest beside another) would fail a try that a second INIT answers.
+	DefaultSCTPTimeout = 3500 * time.Millisecond
 )
 
 // Mode names. FORMAT.md calls the eBPF datapath "bpf"; the CLI says

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xvs-lb/xvs/lab"
 )
@@ -35,6 +36,17 @@ probes:
   expect: REJECT
   tries: 3
   timeout: 500ms
+- name: p3
+  from: 10.0.0.2
+  to: 172.30.0.1:82
+  protocol: sctp
+  expect: REJECT
+- name: p4
+  from: 10.0.0.2
+  to: 172.30.0.1:82
+  protocol: sctp
+  expect: REJECT
+  timeout: 2s
 overrides:
   ebpf:
   - {probe: p2, expect: DROP, why: because}
@@ -58,6 +70,12 @@ func TestParseValid(t *testing.T) {
 	q := &s.Probes[1]
 	if q.proto != "UDP" || q.tries() != 3 || q.timeout().String() != "500ms" || q.From.Role != RoleExternal {
 		t.Errorf("probe 2: %+v", q)
+	}
+	if r := &s.Probes[2]; r.proto != "SCTP" || r.timeout() != DefaultSCTPTimeout {
+		t.Errorf("SCTP default timeout: %s %v", r.proto, r.timeout())
+	}
+	if r := &s.Probes[3]; r.timeout() != 2*time.Second {
+		t.Errorf("an SCTP probe's own timeout: %v", r.timeout())
 	}
 	if e, why := s.ExpectFor("ebpf", q); e.Verdict != Drop || why != "because" {
 		t.Errorf("ebpf override: %v %q", e, why)

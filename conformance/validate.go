@@ -404,8 +404,11 @@ func (p *Probe) tries() int {
 }
 
 func (p *Probe) timeout() time.Duration {
-	if p.Timeout > 0 {
+	switch {
+	case p.Timeout > 0:
 		return time.Duration(p.Timeout)
+	case p.proto == "SCTP":
+		return DefaultSCTPTimeout
 	}
 	return DefaultTimeout
 }
