@@ -397,7 +397,7 @@ func startEBPF(f settings) (*activeDatapath, error) {
 // (a fallback to IPVS would remove the maps and every connection through
 // them); anything else is the kernel's (kernelError: --fallback applies).
 func loadError(err error) error {
-	if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) || errors.Is(err, loader.ErrResizePending) {
+	if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) || errors.Is(err, loader.ErrResizePending) || errors.Is(err, loader.ErrResizeRefused) {
 		return err
 	}
 	return kernelError{err}

@@ -9,6 +9,7 @@
 //	PinPath/xvs_conntrack      LRU conntrack, one entry per flow direction
 //	PinPath/xvs_ct_unreplied   LRU conntrack of flows without a reply yet
 //	PinPath/xvs_ct_tables      the conntrack tables the programs use, by slot (resize.go)
+//	PinPath/<map>_resizing     the old map of a resize to a new size, until it is copied (resize.go, regrow.go)
 //	PinPath/xvs_fragments      IPv4 fragment tracking (first fragment's ports)
 //	PinPath/xvs_svc_stats      per-CPU counters by service (frontend) ID
 //	PinPath/xvs_backend_stats  per-CPU counters by backend ID
@@ -122,10 +123,18 @@ type Objects struct {
 	// yet, by slot; resized the resizes done (resize.go).
 	resizing [len(ctTables)]*ebpf.Map
 	resized  []Resize
+	// regrowing are the other maps' resizes not finished yet, mapsResized
+	// those done (regrow.go).
+	regrowing   []*regrowing
+	mapsResized []MapResize
 }
 
 // Close releases the objects (the pinned ones stay pinned).
 func (o *Objects) Close() error {
+	for _, g := range o.regrowing {
+		g.old.Close()
+	}
+	o.regrowing = nil
 	for i, m := range o.resizing {
 		if m != nil {
 			m.Close()
@@ -148,8 +157,10 @@ var (
 
 // Load loads the BPF objects, reusing maps already pinned at cfg.PinPath so
 // that services, backends and conntrack survive agent restarts and program
-// upgrades. A pinned map in an old layout this build knows is converted
-// (migrate.go); one whose layout no longer matches otherwise is an error:
+// upgrades. A pinned map of another size than cfg's is resized without
+// dropping a flow (resize.go for conntrack, regrow.go for the others); a
+// pinned map in an old layout this build knows is converted (migrate.go);
+// one whose layout no longer matches otherwise is an error:
 // the operator decides (xvs cleanup) rather than the agent silently
 // dropping every connection.
 func Load(cfg Config) (*Objects, error) {
@@ -180,6 +191,9 @@ func Load(cfg Config) (*Objects, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := prepareRegrow(cfg.PinPath, spec); err != nil {
+		return nil, err
+	}
 	dropped, err := dropRetyped(cfg.PinPath, spec)
 	for _, d := range dropped {
 		slog.Warn("pinned map of an older build replaced; its counters start again from zero", "map", d)
@@ -200,6 +214,10 @@ func Load(cfg Config) (*Objects, error) {
 	}
 	objs.cfg = cfg
 	if err := objs.fillCTSlots(slotsShared); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if err := objs.regrow(); err != nil {
 		objs.Close()
 		return nil, err
 	}

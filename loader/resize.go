@@ -135,11 +135,15 @@ func (o *Objects) fillCTSlots(slotsShared bool) error {
 }
 
 // FinishResize copies the entries of the tables being resized into the
-// new ones and frees the old ones (step 4); a no-op without a resize.
+// new ones and frees the old ones (step 4), and finishes the other maps'
+// resizes (regrow.go); a no-op without a resize.
 // Call it once every attached program is of this build.
 func (o *Objects) FinishResize() error {
 	o.lazyMu.Lock()
 	defer o.lazyMu.Unlock()
+	if err := o.finishRegrow(); err != nil {
+		return err
+	}
 	cur := [...]*ebpf.Map{o.XvsConntrack, o.XvsCtUnreplied}
 	for slot, old := range o.resizing {
 		if old == nil {

@@ -32,6 +32,9 @@ import (
 // (program verification included), and that every entry arrived.
 
 type resizeResult struct {
+	// table is the map resized: the established conntrack table, or the
+	// services map (regrow).
+	table      string
 	entries    int
 	from, to   uint32
 	copyMedian time.Duration
@@ -57,14 +60,16 @@ func resizeMain(args []string) int {
 		sizes = append(sizes, n)
 	}
 	var rs []resizeResult
-	for _, n := range sizes {
-		r, err := measureResize(n, *rounds)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench resize:", err)
-			return 1
+	for _, table := range []string{xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsServices} {
+		for _, n := range sizes {
+			r, err := measureResize(table, n, *rounds)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "bench resize:", err)
+				return 1
+			}
+			fmt.Fprintf(os.Stderr, "bench resize: %s, %d entries: copy %v, load %v\n", table, n, r.copyMedian, r.loadMedian)
+			rs = append(rs, r)
 		}
-		fmt.Fprintf(os.Stderr, "bench resize: %d entries: copy %v, load %v\n", n, r.copyMedian, r.loadMedian)
-		rs = append(rs, r)
 	}
 	png := strings.TrimSuffix(*out, ".md") + ".png"
 	if err := resizePlot(png, rs); err != nil {
@@ -83,11 +88,15 @@ func resizeMain(args []string) int {
 
 // measureResize resizes a table of n entries to twice its size, rounds
 // times, each in its own pin path.
-func measureResize(n, rounds int) (resizeResult, error) {
-	r := resizeResult{entries: n}
+func measureResize(table string, n, rounds int) (resizeResult, error) {
+	r := resizeResult{table: table, entries: n}
 	var loads []time.Duration
+	once := resizeOnce
+	if table == xbpf.XvsMapXvsServices {
+		once = regrowOnce
+	}
 	for round := range rounds {
-		copyTook, loadTook, from, to, err := resizeOnce(n, round)
+		copyTook, loadTook, from, to, err := once(n, round)
 		if err != nil {
 			return r, err
 		}
@@ -155,6 +164,85 @@ func resizeOnce(n, round int) (copyTook, loadTook time.Duration, from, to uint32
 	return rz.Took, loadTook, rz.From, rz.To, nil
 }
 
+// regrowOnce is resizeOnce for the services map (--bpf-max-service-slots):
+// its n entries are copied before the new programs are attached
+// (loader/regrow.go), and the agent starts that much later.
+func regrowOnce(n, round int) (copyTook, loadTook time.Duration, from, to uint32, err error) {
+	if err := loader.EnsureBPFFS(pinRoot); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	cfg := loader.DefaultConfig()
+	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-regrow-%d-%d-%d", os.Getpid(), n, round))
+	_ = os.RemoveAll(cfg.PinPath)
+	defer func() {
+		if rerr := os.RemoveAll(cfg.PinPath); rerr != nil && err == nil {
+			err = rerr
+		}
+	}()
+	cfg.MaxServiceSlots = uint32(2 * n)
+	first, err := loader.Load(cfg)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	defer first.Close()
+	if err := fillSlots(first.XvsServices, n); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	cfg.MaxServiceSlots = uint32(4 * n)
+	start := time.Now()
+	objs, err := loader.Load(cfg)
+	loadTook = time.Since(start)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	defer objs.Close()
+	// The old map goes when the programs are attached; nothing is here.
+	if err := objs.FinishResize(); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	var rz *loader.MapResize
+	for _, x := range objs.MapsResized() {
+		if x.Map == xbpf.XvsMapXvsServices {
+			rz = &x
+		}
+	}
+	if rz == nil || rz.Copied != n {
+		return 0, 0, 0, 0, fmt.Errorf("resize of %d service slots: %+v", n, objs.MapsResized())
+	}
+	got := 0
+	var k xbpf.SvcKey
+	var v xbpf.SvcValue
+	for it := objs.XvsServices.Iterate(); it.Next(&k, &v); {
+		got++
+	}
+	if got != n {
+		return 0, 0, 0, 0, fmt.Errorf("resize of %d service slots: %d in the new map", n, got)
+	}
+	return rz.Took, loadTook, rz.From, rz.To, nil
+}
+
+// fillSlots writes n service slots: frontends of 16 backends each.
+func fillSlots(m *ebpf.Map, n int) error {
+	const chunk = 4096
+	keys := make([]xbpf.SvcKey, chunk)
+	vals := make([]xbpf.SvcValue, chunk)
+	for base := 0; base < n; base += chunk {
+		c := min(chunk, n-base)
+		for i := range c {
+			id := base + i
+			fe := id / 17
+			k := &keys[i]
+			*k = xbpf.SvcKey{Port: 80, Proto: 6, Family: xbpf.FamilyIPv4, Slot: uint16(id % 17)}
+			k.Addr[0], k.Addr[1], k.Addr[2], k.Addr[3] = 172, 30, byte(fe>>8), byte(fe)
+			vals[i] = xbpf.SvcValue{SvcId: uint32(fe + 1), BackendId: uint32(id%1000 + 1), Count: 16}
+		}
+		if _, err := m.BatchUpdate(keys[:c], vals[:c], nil); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
+	}
+	return nil
+}
+
 // fillFlows writes n entries, as n/2 flows' forward and reply entries
 // would (distinct keys, values of live flows).
 func fillFlows(m *ebpf.Map, n int) error {
@@ -197,15 +285,23 @@ func countEntries(m *ebpf.Map) (int, error) {
 
 func resizePlot(path string, rs []resizeResult) error {
 	p := plot.New()
-	p.Title.Text = "Conntrack resize: copy time of the old entries"
-	p.X.Label.Text = "entries in the established table"
+	p.Title.Text = "Map resize: copy time of the old entries"
+	p.X.Label.Text = "entries in the map"
 	p.Y.Label.Text = "copy time (ms)"
 	p.Add(plotter.NewGrid())
-	xy := make(plotter.XYs, len(rs))
-	for i, r := range rs {
-		xy[i].X, xy[i].Y = float64(r.entries), float64(r.copyMedian)/float64(time.Millisecond)
+	var lines []any
+	for _, table := range []string{xbpf.XvsMapXvsConntrack, xbpf.XvsMapXvsServices} {
+		var xy plotter.XYs
+		for _, r := range rs {
+			if r.table == table {
+				xy = append(xy, plotter.XY{X: float64(r.entries), Y: float64(r.copyMedian) / float64(time.Millisecond)})
+			}
+		}
+		if len(xy) > 0 {
+			lines = append(lines, table+" (median)", xy)
+		}
 	}
-	if err := plotutil.AddLinePoints(p, "copy (median)", xy); err != nil {
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return err
 	}
 	p.Y.Min = 0
@@ -214,7 +310,7 @@ func resizePlot(path string, rs []resizeResult) error {
 
 func resizeReport(rs []resizeResult, rounds int, png, cmd string) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# Conntrack resize under live traffic\n\n")
+	fmt.Fprintf(&b, "# Map resize under live traffic\n\n")
 	fmt.Fprintf(&b, "Generated by `%s` on %s, %d rounds per size.\n", strings.TrimSpace(cmd), time.Now().UTC().Format("2006-01-02"), rounds)
 	var u unix.Utsname
 	_ = unix.Uname(&u)
@@ -229,8 +325,16 @@ entry a program copied over on first use is kept), then the slot is emptied.
 program verification included. Every run checks that the new table holds all
 N entries.
 
-| entries | table before -> after | copy (median) | copies | entries/s | whole Load (median) |
-|---:|---|---:|---|---:|---:|
+The services map (` + "`--bpf-max-service-slots`" + `; the other maps sized by
+` + "`--bpf-max-services`" + ` and ` + "`--bpf-max-backends`" + ` the same way) is named by the
+programs directly: a new agent copies every entry of the old map into the new
+one before its programs replace the running ones, which serve from the old map
+meanwhile (loader/regrow.go). Its rows fill the map with N slots (frontends of
+16 backends) and load again with twice the size; "copy" is loader.MapResize.Took,
+which delays the new agent's start by as much.
+
+| map | entries | map before -> after | copy (median) | copies | entries/s | whole Load (median) |
+|---|---:|---|---:|---|---:|---:|
 `)
 	for _, r := range rs {
 		var each []string
@@ -238,7 +342,7 @@ N entries.
 			each = append(each, c.Round(time.Millisecond).String())
 		}
 		rate := float64(r.entries) / r.copyMedian.Seconds()
-		fmt.Fprintf(&b, "| %d | %d -> %d | %v | %s | %.0f | %v |\n", r.entries, r.from, r.to,
+		fmt.Fprintf(&b, "| %s | %d | %d -> %d | %v | %s | %.0f | %v |\n", r.table, r.entries, r.from, r.to,
 			r.copyMedian.Round(time.Millisecond), strings.Join(each, ", "), rate, r.loadMedian.Round(time.Millisecond))
 	}
 	fmt.Fprintf(&b, "\n![copy time against entries](%s)\n\n", png)
@@ -248,12 +352,14 @@ held-connection proof is a test, not a benchmark: TestPrivConntrackResizeLive
 (cmd/xvs) restarts the agent with a new size under three byte-checked TCP
 streams and a UDP client, plain, masqueraded by netfilter and masqueraded
 by xvs; TestPrivPacketConntrackMidResize (bpf) runs packets of 60 flows
-through the programs between the slot swap and the copy.
+through the programs between the slot swap and the copy; TestPrivMapResizeLive
+(cmd/xvs) restarts the agent with other Service, backend and slot sizes, up,
+down, and too small (refused), under the same streams.
 
 ## Reproduce
 
 As root: ` + "`make bench-resize`" + `, or ` + "`bin/bench resize [-out docs/BENCHMARKS-resize.md] [-entries 131072,262144,524288,1048576] [-rounds 3]`" + `.
-Each run loads its objects under ` + "`/sys/fs/bpf/xvs-bench-resize-<pid>-<N>-<round>`" + ` and removes them.
+Each run loads its objects under ` + "`/sys/fs/bpf/xvs-bench-resize-<pid>-<N>-<round>`" + ` (` + "`xvs-bench-regrow-...`" + ` for the services map) and removes them.
 `)
 	return b.Bytes()
 }

@@ -1,0 +1,147 @@
+package loader
+
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	xbpf "github.com/xvs-lb/xvs/bpf"
+)
+
+func newTestMap(t *testing.T, typ ebpf.MapType, key, value, max uint32) *ebpf.Map {
+	t.Helper()
+	spec := &ebpf.MapSpec{Type: typ, KeySize: key, ValueSize: value, MaxEntries: max}
+	if typ == ebpf.Hash || typ == ebpf.PerCPUHash {
+		spec.Flags = 1 // BPF_F_NO_PREALLOC, as the agent's
+	}
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// TestPrivRegrowCopyAndCarry: a resize copies an array's non-zero
+// entries that the new size has room for, a per-CPU hash's every entry,
+// and keeps what the new map has already; then what the old programs
+// counted after the copy is added, per counter and per CPU, and entries
+// counted for the first time appear.
+func TestPrivRegrowCopyAndCarry(t *testing.T) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The held connections: an array shrinking from 64 to 16 entries.
+	old := newTestMap(t, ebpf.Array, 4, 8, 64)
+	cur := newTestMap(t, ebpf.Array, 4, 8, 16)
+	for id, c := range map[uint32]xbpf.Conns{1: {Active: 3}, 5: {Active: 1, Inactive: 2}, 40: {Active: 9}} {
+		if err := old.Put(id, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An interrupted resize's new programs counted ID 5 already.
+	if err := cur.Put(uint32(5), xbpf.Conns{Active: 7}); err != nil {
+		t.Fatal(err)
+	}
+	var snap map[string][]byte
+	n, err := copyMap(cur, old, true, &snap)
+	if err != nil || n != 1 {
+		t.Fatalf("copy: %d entries, %v; want 1 (ID 1; ID 5 kept, ID 40 beyond the end)", n, err)
+	}
+	// The old programs go on: a connection opens on 1, one ends on 5,
+	// one opens on 3. Each entry ends as what the new programs counted
+	// plus all the old map holds: ID 5, never copied, gets the old
+	// count whole.
+	for id, c := range map[uint32]xbpf.Conns{1: {Active: 4}, 5: {Active: 0, Inactive: 2}, 3: {Active: 1}} {
+		if err := old.Put(id, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := carryCounts(cur, old, snap, 4); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[uint32]xbpf.Conns{1: {Active: 4}, 3: {Active: 1}, 5: {Active: 7, Inactive: 2}} {
+		var got xbpf.Conns
+		if err := cur.Lookup(id, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Active != want.Active || got.Inactive != want.Inactive {
+			t.Errorf("ID %d: %+v, want %+v", id, got, want)
+		}
+	}
+
+	// The counters: a per-CPU hash.
+	oldStats := newTestMap(t, ebpf.PerCPUHash, 4, 40, 64)
+	curStats := newTestMap(t, ebpf.PerCPUHash, 4, 40, 128)
+	perCPU := func(v uint64) []xbpf.Stats {
+		s := make([]xbpf.Stats, ncpu)
+		for i := range s {
+			s[i] = xbpf.Stats{Conns: v, PacketsIn: v * 10, BytesIn: v * 1000}
+		}
+		return s
+	}
+	for id := range uint32(10) {
+		if err := oldStats.Put(id, perCPU(uint64(id))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := copyMap(curStats, oldStats, true, &snap); err != nil || n != 10 {
+		t.Fatalf("copy the counters: %d, %v", n, err)
+	}
+	if err := oldStats.Put(uint32(2), perCPU(5)); err != nil { // 3 more on every CPU
+		t.Fatal(err)
+	}
+	if err := oldStats.Put(uint32(20), perCPU(4)); err != nil { // first counted after the copy
+		t.Fatal(err)
+	}
+	if err := carryCounts(curStats, oldStats, snap, 8); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[uint32]uint64{0: 0, 2: 5, 7: 7, 20: 4} {
+		var got []xbpf.Stats
+		if err := curStats.Lookup(id, &got); err != nil {
+			t.Fatalf("ID %d: %v", id, err)
+		}
+		for cpu, s := range got {
+			if s.Conns != want || s.PacketsIn != want*10 || s.BytesIn != want*1000 {
+				t.Errorf("ID %d CPU %d: %+v, want %d connections", id, cpu, s, want)
+			}
+		}
+	}
+}
+
+// TestPrivRegrowFits: a hash map shrinks only to a size that holds its
+// entries, an ID-keyed one only below its IDs; an array always (its
+// entries beyond the end are IDs the ID-keyed maps vouch for).
+func TestPrivRegrowFits(t *testing.T) {
+	h := newTestMap(t, ebpf.Hash, 4, 8, 64)
+	for _, id := range []uint32{3, 9, 30} {
+		if err := h.Put(id, uint64(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		want uint32
+		ok   bool
+	}{
+		{xbpf.XvsMapXvsMembers, 3, true},
+		{xbpf.XvsMapXvsMembers, 2, false},
+		{xbpf.XvsMapXvsBackends, 31, true},
+		{xbpf.XvsMapXvsBackends, 30, false},
+		{xbpf.XvsMapXvsBackends, 128, true},
+	} {
+		if err := fits(h, c.name, c.want); (err == nil) != c.ok {
+			t.Errorf("%s of 3 entries (IDs 3, 9, 30) into %d: %v, want ok %v", c.name, c.want, err, c.ok)
+		}
+	}
+	a := newTestMap(t, ebpf.Array, 4, 8, 64)
+	if err := a.Put(uint32(60), uint64(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fits(a, xbpf.XvsMapXvsBackendHeld, 8); err != nil {
+		t.Errorf("array: %v", err)
+	}
+}
