@@ -112,6 +112,60 @@ func TestPrivRegrowCopyAndCarry(t *testing.T) {
 	}
 }
 
+// TestPrivRegrowInnerMaps: a hash of maps (the weighted schedulers'
+// tables) is copied as the maps themselves: the new outer map holds the
+// same inner maps, whose contents the programs go on reading.
+func TestPrivRegrowInnerMaps(t *testing.T) {
+	inner := &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 8}
+	outer := func(max uint32) *ebpf.Map {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4, MaxEntries: max, InnerMap: inner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	old, cur := outer(4), outer(16)
+	ids := map[uint64]ebpf.MapID{}
+	for k := range uint64(3) {
+		m, err := ebpf.NewMap(inner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Put(uint32(1), uint32(100+k)); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Put(k, m); err != nil {
+			t.Fatal(err)
+		}
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[k], _ = info.ID()
+		m.Close()
+	}
+	if n, err := copyMap(cur, old, false, nil); err != nil || n != 3 {
+		t.Fatalf("copy: %d, %v", n, err)
+	}
+	for k, id := range ids {
+		var m *ebpf.Map
+		if err := cur.Lookup(k, &m); err != nil {
+			t.Fatalf("key %d: %v", k, err)
+		}
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v uint32
+		err = m.Lookup(uint32(1), &v)
+		m.Close()
+		if got, _ := info.ID(); got != id || err != nil || v != uint32(100+k) {
+			t.Errorf("key %d: map %d (%v, value %d), want map %d with %d", k, got, err, v, id, 100+k)
+		}
+	}
+}
+
 // TestPrivRegrowFits: a hash map shrinks only to a size that holds its
 // entries, an ID-keyed one only below its IDs; an array always (its
 // entries beyond the end are IDs the ID-keyed maps vouch for).
