@@ -53,22 +53,7 @@ func TestPrivConntrackResizeLive(t *testing.T) {
 				if err := w.StartAgent(append([]string{"--bpf-conntrack-size", strconv.Itoa(size)}, tc.args...)...); err != nil {
 					t.Fatal(err)
 				}
-				// The old agent's maps are programmed already: wait for
-				// the new one's word that it resized and that its programs
-				// are attached (it runs), then for its sync.
-				resized := regexp.MustCompile(`Conntrack table resized [^\n]*table="?xvs_conntrack"? [^\n]*to=` + strconv.Itoa(size) + ` `)
-				running := regexp.MustCompile(`xvs agent running`)
-				var log []byte
-				for deadline := time.Now().Add(90 * time.Second); !resized.Match(log) || !running.Match(log); time.Sleep(100 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("the agent did not resize to %d and run:\n%s", size, log)
-					}
-					log, _ = os.ReadFile(w.Agent.Log)
-				}
-				t.Logf("%s", resized.Find(log))
-				if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
-					t.Fatal(err)
-				}
+				waitResized(t, w, `Conntrack table resized [^\n]*table="?xvs_conntrack"? [^\n]*to=`+strconv.Itoa(size)+` `)
 				for name, want := range map[string]uint32{xbpf.XvsMapXvsConntrack: uint32(size), xbpf.XvsMapXvsCtUnreplied: uint32(size / 4)} {
 					m, err := ebpf.LoadPinnedMap(filepath.Join(w.PinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
 					if err != nil {
@@ -154,19 +139,7 @@ func TestPrivMapResizeLive(t *testing.T) {
 			xbpf.XvsMapXvsSvcStats: uint32(s[0]), xbpf.XvsMapXvsClusterIps: uint32(s[0]), xbpf.XvsMapXvsRrCursors: uint32(2 * s[0]),
 			xbpf.XvsMapXvsSchedTables: uint32(2 * s[0]),
 		}
-		resized := regexp.MustCompile(`BPF map resized [^\n]*map="?xvs_services"? [^\n]*to=` + strconv.Itoa(s[2]) + ` `)
-		running := regexp.MustCompile(`xvs agent running`)
-		var log []byte
-		for deadline := time.Now().Add(90 * time.Second); !resized.Match(log) || !running.Match(log); time.Sleep(100 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the agent did not resize to %v and run:\n%s", s, log)
-			}
-			log, _ = os.ReadFile(w.Agent.Log)
-		}
-		t.Logf("%s", resized.Find(log))
-		if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		waitResized(t, w, `BPF map resized [^\n]*map="?xvs_services"? [^\n]*to=`+strconv.Itoa(s[2])+` `)
 		for name, size := range want {
 			if got := pinnedSize(t, w.PinPath, name); got != size {
 				t.Fatalf("pinned %s has %d entries after the resize to %v, want %d", name, got, s, size)
@@ -248,6 +221,25 @@ func vipCounters(t *testing.T, pinPath string) map[netip.AddrPort]backendCounter
 		t.Fatalf("no backends of %s in the pinned maps", harness.DemoVIP)
 	}
 	return out
+}
+
+// waitResized waits for the restarted agent's word that it resized
+// (resized matches its log line) and that its programs are attached (it
+// runs), then for its sync: the old agent's maps are programmed already.
+func waitResized(t *testing.T, w *harness.Single, resized string) {
+	t.Helper()
+	re, running := regexp.MustCompile(resized), regexp.MustCompile(`xvs agent running`)
+	var log []byte
+	for deadline := time.Now().Add(90 * time.Second); !re.Match(log) || !running.Match(log); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not resize (%s) and run:\n%s", resized, log)
+		}
+		log, _ = os.ReadFile(w.Agent.Log)
+	}
+	t.Logf("%s", re.Find(log))
+	if err := w.WaitProgrammed(len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func pinnedSize(t *testing.T, pinPath, name string) uint32 {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -132,6 +133,11 @@ func agentProcessAt(ctx context.Context, n int, bin, source string, changes int)
 	pin := filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-%d-agent", os.Getpid()))
 	args := append([]string{"agent", "--hostname-override", "node", "--node-ip", trafficNodeIP.String(), "--pin-path", pin},
 		append(sourceArgs, agentMapFlags(n)...)...)
+	// $XVS_BENCH_AGENT_ARGS adds flags, for a run to profile: with
+	// --profiling, `nsenter --net=/run/netns/<the bench's node netns> curl
+	// 127.0.0.1:10249/debug/pprof/heap` reads the agent's heap. The report
+	// says when it was set.
+	args = append(args, strings.Fields(os.Getenv(envAgentArgs))...)
 	start := time.Now()
 	p, err := lab.StartTied(node.NS, filepath.Join(dir, "agent.log"), bin, args...)
 	if err != nil {

@@ -510,6 +510,9 @@ func controlReport(opts Options, rs []controlResult, agent []agentResult, plots 
 		return b.Bytes()
 	}
 	fmt.Fprintf(&b, "Command: `%s` (control sizes %s, %d EndpointSlice changes at the largest).\n\n", opts.Command, joinInts(opts.Control.Sizes), opts.Control.Changes)
+	if extra := os.Getenv(envAgentArgs); extra != "" {
+		fmt.Fprintf(&b, "The real agent ran with `%s` added ($%s): its figures are not the shipped configuration's.\n\n", extra, envAgentArgs)
+	}
 	fmt.Fprintf(&b, `Each size runs in a fresh child process (the benchmark binary re-executed), so its memory figures are that size's alone. The child loads fresh objects with maps sized for the size, makes N Services (ClusterIP, port 80/TCP) and one EndpointSlice each with %d ready endpoints (no endpoint shared: N x %d backends), shaped as the API server sends a chart's Deployment (chart labels, a selector, UIDs, owner references, node names, pod references, the trigger-time annotation), and feeds them through the agent's own pipeline: every object through `+"`controller.Tracker`"+`'s informer handlers (as an informer's initial list does; objects are built in memory, not decoded from YAML or fetched from an API server), one `+"`Tracker.Build`"+`, one `+"`reconcile.Datapath.Sync`"+` into empty maps. RSS is VmRSS right after the sync; peak is VmHWM over the child's life; both include the Kubernetes objects the tracker holds (an agent's informer cache holds them too).
 
 `, backendsPerService, backendsPerService)

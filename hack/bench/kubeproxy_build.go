@@ -28,6 +28,8 @@ const (
 	// envKubeProxyBin names a kube-proxy binary to use as is (no cache,
 	// no build): for a machine that already built one elsewhere.
 	envKubeProxyBin = "XVS_KUBE_PROXY_BIN"
+	// envAgentArgs adds flags to the real agent's command line (agentrss.go).
+	envAgentArgs = "XVS_BENCH_AGENT_ARGS"
 	// envCacheDir replaces the cache root, as for lab/kubeapi.
 	envCacheDir = "XVS_CACHE_DIR"
 )

@@ -91,12 +91,8 @@ func resizeMain(args []string) int {
 func measureResize(table string, n, rounds int) (resizeResult, error) {
 	r := resizeResult{table: table, entries: n}
 	var loads []time.Duration
-	once := resizeOnce
-	if table == xbpf.XvsMapXvsServices {
-		once = regrowOnce
-	}
 	for round := range rounds {
-		copyTook, loadTook, from, to, err := once(n, round)
+		copyTook, loadTook, from, to, err := resizeOnce(table, n, round)
 		if err != nil {
 			return r, err
 		}
@@ -114,81 +110,92 @@ func medianDuration(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func resizeOnce(n, round int) (copyTook, loadTook time.Duration, from, to uint32, err error) {
-	if err := loader.EnsureBPFFS(pinRoot); err != nil {
-		return 0, 0, 0, 0, err
-	}
-	cfg := loader.DefaultConfig()
-	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-resize-%d-%d-%d", os.Getpid(), n, round))
-	_ = os.RemoveAll(cfg.PinPath)
-	defer func() {
-		if rerr := os.RemoveAll(cfg.PinPath); rerr != nil && err == nil {
-			err = rerr
-		}
-	}()
-	// Half full before, a quarter after: an LRU table evicts before it
-	// is completely full.
-	cfg.ConntrackSize = uint32(2 * n)
-	first, err := loader.Load(cfg)
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	defer first.Close()
-	if err := fillFlows(first.XvsConntrack, n); err != nil {
-		return 0, 0, 0, 0, err
-	}
-	cfg.ConntrackSize = uint32(4 * n)
-	start := time.Now()
-	objs, err := loader.Load(cfg)
-	loadTook = time.Since(start)
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	defer objs.Close()
-	var rz *loader.Resize
-	for _, x := range objs.Resized() {
-		if x.Table == xbpf.XvsMapXvsConntrack {
-			rz = &x
-		}
-	}
-	if rz == nil || rz.Copied+rz.Kept != n {
-		return 0, 0, 0, 0, fmt.Errorf("resize of %d entries: %+v", n, objs.Resized())
-	}
-	got, err := countEntries(objs.XvsConntrack)
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	if got != n {
-		return 0, 0, 0, 0, fmt.Errorf("resize of %d entries: %d in the new table", n, got)
-	}
-	return rz.Took, loadTook, rz.From, rz.To, nil
+// resized is one map's part of a resize run: how to size it, fill it,
+// and read the loader's report of its copy.
+type resized struct {
+	pin  string // pin directory prefix
+	size func(*loader.Config, uint32)
+	fill func(*loader.Objects, int) error
+	// report is the copy's time and sizes and the entries copied.
+	report func(*loader.Objects) (took time.Duration, from, to uint32, copied int, ok bool)
+	count  func(*loader.Objects) (int, error)
 }
 
-// regrowOnce is resizeOnce for the services map (--bpf-max-service-slots):
-// its n entries are copied before the new programs are attached
-// (loader/regrow.go), and the agent starts that much later.
-func regrowOnce(n, round int) (copyTook, loadTook time.Duration, from, to uint32, err error) {
+var resizedMaps = map[string]resized{
+	// Half full before, a quarter after: an LRU table evicts before it is
+	// completely full.
+	xbpf.XvsMapXvsConntrack: {
+		pin:  "xvs-bench-resize",
+		size: func(c *loader.Config, n uint32) { c.ConntrackSize = n },
+		fill: func(o *loader.Objects, n int) error { return fillFlows(o.XvsConntrack, n) },
+		report: func(o *loader.Objects) (time.Duration, uint32, uint32, int, bool) {
+			for _, x := range o.Resized() {
+				if x.Table == xbpf.XvsMapXvsConntrack {
+					return x.Took, x.From, x.To, x.Copied + x.Kept, true
+				}
+			}
+			return 0, 0, 0, 0, false
+		},
+		count: func(o *loader.Objects) (int, error) { return countEntries(o.XvsConntrack) },
+	},
+	// The services map (--bpf-max-service-slots): its entries are copied
+	// before the new programs are attached (loader/regrow.go), and the
+	// agent starts that much later.
+	xbpf.XvsMapXvsServices: {
+		pin:  "xvs-bench-regrow",
+		size: func(c *loader.Config, n uint32) { c.MaxServiceSlots = n },
+		fill: func(o *loader.Objects, n int) error { return fillSlots(o.XvsServices, n) },
+		report: func(o *loader.Objects) (time.Duration, uint32, uint32, int, bool) {
+			// The old map goes when the programs are attached; none are.
+			if err := o.FinishResize(); err != nil {
+				return 0, 0, 0, 0, false
+			}
+			for _, x := range o.MapsResized() {
+				if x.Map == xbpf.XvsMapXvsServices {
+					return x.Took, x.From, x.To, x.Copied, true
+				}
+			}
+			return 0, 0, 0, 0, false
+		},
+		count: func(o *loader.Objects) (int, error) {
+			got := 0
+			var k xbpf.SvcKey
+			var v xbpf.SvcValue
+			it := o.XvsServices.Iterate()
+			for it.Next(&k, &v) {
+				got++
+			}
+			return got, it.Err()
+		},
+	},
+}
+
+// resizeOnce loads a datapath with table sized 2n, fills it with n
+// entries, and loads it again with 4n, the first objects staying open as
+// the running programs do.
+func resizeOnce(table string, n, round int) (copyTook, loadTook time.Duration, from, to uint32, err error) {
+	rm := resizedMaps[table]
 	if err := loader.EnsureBPFFS(pinRoot); err != nil {
 		return 0, 0, 0, 0, err
 	}
 	cfg := loader.DefaultConfig()
-	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("xvs-bench-regrow-%d-%d-%d", os.Getpid(), n, round))
+	cfg.PinPath = filepath.Join(pinRoot, fmt.Sprintf("%s-%d-%d-%d", rm.pin, os.Getpid(), n, round))
 	_ = os.RemoveAll(cfg.PinPath)
 	defer func() {
 		if rerr := os.RemoveAll(cfg.PinPath); rerr != nil && err == nil {
 			err = rerr
 		}
 	}()
-	cfg.MaxServiceSlots = uint32(2 * n)
+	rm.size(&cfg, uint32(2*n))
 	first, err := loader.Load(cfg)
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
 	defer first.Close()
-	if err := fillSlots(first.XvsServices, n); err != nil {
+	if err := rm.fill(first, n); err != nil {
 		return 0, 0, 0, 0, err
 	}
-	cfg.MaxServiceSlots = uint32(4 * n)
+	rm.size(&cfg, uint32(4*n))
 	start := time.Now()
 	objs, err := loader.Load(cfg)
 	loadTook = time.Since(start)
@@ -196,68 +203,50 @@ func regrowOnce(n, round int) (copyTook, loadTook time.Duration, from, to uint32
 		return 0, 0, 0, 0, err
 	}
 	defer objs.Close()
-	// The old map goes when the programs are attached; nothing is here.
-	if err := objs.FinishResize(); err != nil {
+	copyTook, from, to, copied, ok := rm.report(objs)
+	if !ok || copied != n {
+		return 0, 0, 0, 0, fmt.Errorf("resize of %s with %d entries: %d copied (%+v, %+v)", table, n, copied, objs.Resized(), objs.MapsResized())
+	}
+	got, err := rm.count(objs)
+	if err != nil {
 		return 0, 0, 0, 0, err
 	}
-	var rz *loader.MapResize
-	for _, x := range objs.MapsResized() {
-		if x.Map == xbpf.XvsMapXvsServices {
-			rz = &x
-		}
-	}
-	if rz == nil || rz.Copied != n {
-		return 0, 0, 0, 0, fmt.Errorf("resize of %d service slots: %+v", n, objs.MapsResized())
-	}
-	got := 0
-	var k xbpf.SvcKey
-	var v xbpf.SvcValue
-	for it := objs.XvsServices.Iterate(); it.Next(&k, &v); {
-		got++
-	}
 	if got != n {
-		return 0, 0, 0, 0, fmt.Errorf("resize of %d service slots: %d in the new map", n, got)
+		return 0, 0, 0, 0, fmt.Errorf("resize of %s with %d entries: %d in the new map", table, n, got)
 	}
-	return rz.Took, loadTook, rz.From, rz.To, nil
+	return copyTook, loadTook, from, to, nil
 }
 
 // fillSlots writes n service slots: frontends of 16 backends each.
 func fillSlots(m *ebpf.Map, n int) error {
-	const chunk = 4096
-	keys := make([]xbpf.SvcKey, chunk)
-	vals := make([]xbpf.SvcValue, chunk)
-	for base := 0; base < n; base += chunk {
-		c := min(chunk, n-base)
-		for i := range c {
-			id := base + i
-			fe := id / 17
-			k := &keys[i]
-			*k = xbpf.SvcKey{Port: 80, Proto: 6, Family: xbpf.FamilyIPv4, Slot: uint16(id % 17)}
-			k.Addr[0], k.Addr[1], k.Addr[2], k.Addr[3] = 172, 30, byte(fe>>8), byte(fe)
-			vals[i] = xbpf.SvcValue{SvcId: uint32(fe + 1), BackendId: uint32(id%1000 + 1), Count: 16}
-		}
-		if _, err := m.BatchUpdate(keys[:c], vals[:c], nil); err != nil {
-			return fmt.Errorf("fill: %w", err)
-		}
-	}
-	return nil
+	return fillBatches(m, n, func(id int, k *xbpf.SvcKey, v *xbpf.SvcValue) {
+		fe := id / 17
+		*k = xbpf.SvcKey{Port: 80, Proto: 6, Family: xbpf.FamilyIPv4, Slot: uint16(id % 17)}
+		k.Addr[0], k.Addr[1], k.Addr[2], k.Addr[3] = 172, 30, byte(fe>>8), byte(fe)
+		*v = xbpf.SvcValue{SvcId: uint32(fe + 1), BackendId: uint32(id%1000 + 1), Count: 16}
+	})
 }
 
 // fillFlows writes n entries, as n/2 flows' forward and reply entries
 // would (distinct keys, values of live flows).
 func fillFlows(m *ebpf.Map, n int) error {
+	return fillBatches(m, n, func(id int, k *xbpf.CtKey, v *xbpf.CtEntry) {
+		*k = xbpf.CtKey{Proto: 6, Family: xbpf.FamilyIPv4, Sport: uint16(id), Dport: 80}
+		k.Saddr[0], k.Saddr[1], k.Saddr[2], k.Saddr[3] = 10, byte(id>>24), byte(id>>16), byte(id>>8)
+		k.Daddr[0], k.Daddr[1], k.Daddr[2], k.Daddr[3] = 172, 30, 0, 10
+		*v = xbpf.CtEntry{Expires: 1 << 62, BackendId: uint32(id % 1000), SvcId: 1, State: uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)}
+	})
+}
+
+// fillBatches writes entries 0..n-1 of m, entry(id) each, in batches.
+func fillBatches[K, V any](m *ebpf.Map, n int, entry func(id int, k *K, v *V)) error {
 	const chunk = 4096
-	keys := make([]xbpf.CtKey, chunk)
-	vals := make([]xbpf.CtEntry, chunk)
+	keys := make([]K, chunk)
+	vals := make([]V, chunk)
 	for base := 0; base < n; base += chunk {
 		c := min(chunk, n-base)
 		for i := range c {
-			id := base + i
-			k := &keys[i]
-			*k = xbpf.CtKey{Proto: 6, Family: xbpf.FamilyIPv4, Sport: uint16(id), Dport: 80}
-			k.Saddr[0], k.Saddr[1], k.Saddr[2], k.Saddr[3] = 10, byte(id>>24), byte(id>>16), byte(id>>8)
-			k.Daddr[0], k.Daddr[1], k.Daddr[2], k.Daddr[3] = 172, 30, 0, 10
-			vals[i] = xbpf.CtEntry{Expires: 1 << 62, BackendId: uint32(id % 1000), SvcId: 1, State: uint8(xbpf.XvsXvsCtStateXVS_CT_ESTABLISHED)}
+			entry(base+i, &keys[i], &vals[i])
 		}
 		if _, err := m.BatchUpdate(keys[:c], vals[:c], nil); err != nil {
 			return fmt.Errorf("fill: %w", err)
