@@ -142,7 +142,7 @@ func parseSlicePorts(s *discoveryv1.EndpointSlice) ([]slicePort, []string) {
 // node's view of it: whether it is local.
 func sliceEndpoint(cfg *Config, e *SliceEndpoint, port uint16) endpoint {
 	out := endpoint{Endpoint: model.Endpoint{
-		Addr:        e.Addr,
+		Addr:        e.Addr(),
 		Port:        port,
 		Local:       cfg.NodeName != "" && e.Node() == cfg.NodeName,
 		Ready:       e.Ready,

@@ -365,7 +365,7 @@ func TestFileSourceDecodesOnlyChangedFiles(t *testing.T) {
 		t.Error("a rewritten file was not decoded again")
 	}
 	webKey := objectKey{kind: "EndpointSlice", NamespacedName: types.NamespacedName{Namespace: "default", Name: "web-1"}}
-	if sl := src.applied[webKey].obj.(*Slice); sl.Endpoints[0].Addr.String() != "10.0.0.2" {
+	if sl := src.applied[webKey].obj.(*Slice); sl.Endpoints[0].Addr().String() != "10.0.0.2" {
 		t.Errorf("slice after the rewrite: %+v", sl.Endpoints)
 	}
 	apiKey := objectKey{kind: "Service", NamespacedName: types.NamespacedName{Namespace: "prod", Name: "api"}}
