@@ -87,10 +87,12 @@ test: deps generate-check lint apiserver kube-proxy
 	@mkdir -p bin
 	$(GO) -C hack/bench test -count=1 ./... > bin/bench-tests.log 2>&1 & bench=$$!; \
 	$(GO) -C hack/monitoring test -count=1 ./... > bin/monitoring-tests.log 2>&1 & mon=$$!; \
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME) FUZZFLAGS=-parallel=1 > bin/fuzz.log 2>&1 & fuzz=$$!; \
 	$(GO) test -count=1 -skip '^TestPriv(IPVS|IPIP|WireGuard|VLAN|Bond|Geneve)' ./...; rc=$$?; \
 	wait $$bench; brc=$$?; echo "go test ./... (hack/bench, its own module):"; cat bin/bench-tests.log; \
 	wait $$mon; mrc=$$?; echo "go test ./... (hack/monitoring, its own module):"; cat bin/monitoring-tests.log; \
-	[ $$rc -eq 0 ] && [ $$brc -eq 0 ] && [ $$mrc -eq 0 ]
+	wait $$fuzz; frc=$$?; echo "make fuzz FUZZTIME=$(TEST_FUZZTIME):"; grep -v '^fuzz: elapsed' bin/fuzz.log; \
+	[ $$rc -eq 0 ] && [ $$brc -eq 0 ] && [ $$mrc -eq 0 ] && [ $$frc -eq 0 ]
 	$(MAKE) conformance MODE=ebpf CONFORMANCE_FLAGS="$(HOST_CONFORMANCE_SKIP)"
 	$(MAKE) conformance-bypass
 	./hack/vm/vm.sh deps
@@ -167,6 +169,9 @@ test-unit:
 # other tests): the Tracker against Translate over random event orders, the
 # file source's decoder, the configuration decoder.
 FUZZTIME ?= 1m
+# make test fuzzes each target this long, beyond the seeds, so that new
+# code meets some random input in CI too: one worker, beside go test.
+TEST_FUZZTIME ?= 15s
 # The packet fuzzer (bpf/fuzz_packet_test.go): PACKETS random and mutated
 # packets through the tc and XDP programs, every outcome checked; go test
 # runs 20,000 of them; docs/PACKET-FUZZ.md has the runs of 10^6.
@@ -175,9 +180,9 @@ fuzz-packets:
 	XVS_PACKET_FUZZ=$(PACKETS) $(GO) test -count=1 -run '^TestPrivPacketFuzz$$' -v ./bpf
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzTrackerMatchesTranslate$$' -fuzztime $(FUZZTIME) ./controller
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifests$$' -fuzztime $(FUZZTIME) ./controller
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./config
+	$(GO) test -run '^$$' -fuzz '^FuzzTrackerMatchesTranslate$$' -fuzztime $(FUZZTIME) $(FUZZFLAGS) ./controller
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifests$$' -fuzztime $(FUZZTIME) $(FUZZFLAGS) ./controller
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) $(FUZZFLAGS) ./config
 
 # The Grafana dashboard of deploy/monitoring over a live run (an agent, real
 # traffic, a Service that loses its endpoints), rendered from Prometheus's
