@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -118,11 +119,12 @@ func metricsMux(c *kpv1.KubeProxyConfiguration, flags *pflag.FlagSet, mode strin
 		_, _ = w.Write(configz)
 	})
 	if c.EnableProfiling {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		for path, h := range map[string]http.HandlerFunc{
+			"/debug/pprof/": pprof.Index, "/debug/pprof/cmdline": pprof.Cmdline, "/debug/pprof/profile": pprof.Profile,
+			"/debug/pprof/symbol": pprof.Symbol, "/debug/pprof/trace": pprof.Trace,
+		} {
+			mux.Handle(path, loopbackOnly(h))
+		}
 		paths = append(paths, "/debug/pprof")
 	}
 	if flags != nil && config.FeatureEnabled(c, "ComponentFlagz") {
@@ -134,6 +136,23 @@ func metricsMux(c *kpv1.KubeProxyConfiguration, flags *pflag.FlagSet, mode strin
 		mux.Handle("/statusz", statuszHandler(processStart, paths))
 	}
 	return mux, nil
+}
+
+// loopbackOnly serves h to clients on the node's loopback only: the
+// metrics address is usually every address (Prometheus scrapes it from
+// elsewhere), and a profile, the command line or a 30-second CPU profile
+// on demand is not for anyone who can reach the node. kube-proxy serves
+// them to all; an operator profiles from the node (or kubectl
+// port-forward, which arrives on loopback).
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !ap.Addr().Unmap().IsLoopback() {
+			http.Error(w, "profiling is served to the node's loopback addresses only", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // componentName is what the z-pages call the component.

@@ -95,3 +95,41 @@ func TestMetricsServerZpages(t *testing.T) {
 		}
 	}
 }
+
+// TestProfilingLoopbackOnly: with enableProfiling the pprof pages answer
+// clients on the node's loopback (the node itself, kubectl port-forward)
+// and refuse every other address the metrics server listens on.
+func TestProfilingLoopbackOnly(t *testing.T) {
+	o, _, err := parseAgentArgs([]string{"--hostname-override=node-a", "--metrics-bind-address=0.0.0.0:10249", "--profiling"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux, err := metricsMux(&o.Config, o.flags, "ebpf", http.NotFoundHandler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from string
+		want int
+	}{
+		{"127.0.0.1:40000", 200}, {"[::1]:40000", 200}, {"[::ffff:127.0.0.1]:40000", 200},
+		{"192.0.2.7:40000", 403}, {"[2001:db8::7]:40000", 403}, {"[::ffff:192.0.2.7]:40000", 403}, {"bogus", 403},
+	} {
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/symbol"} {
+			r := httptest.NewRequest(http.MethodGet, path, nil)
+			r.RemoteAddr = c.from
+			w := httptest.NewRecorder()
+			mux.ServeHTTP(w, r)
+			if w.Code != c.want {
+				t.Errorf("%s from %s: %d, want %d", path, c.from, w.Code, c.want)
+			}
+		}
+	}
+	// The metrics stay everyone's.
+	r := httptest.NewRequest(http.MethodGet, "/healthz", nil)
+	r.RemoteAddr = "192.0.2.7:40000"
+	w := httptest.NewRecorder()
+	if mux.ServeHTTP(w, r); w.Code != 200 {
+		t.Errorf("/healthz from 192.0.2.7: %d", w.Code)
+	}
+}
