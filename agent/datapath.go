@@ -393,12 +393,16 @@ func startEBPF(f settings) (*activeDatapath, error) {
 }
 
 // loadError classifies a loader.Load error: pinned maps this build must
-// not reuse, or a resize still to finish, are for the operator to settle
-// (a fallback to IPVS would remove the maps and every connection through
-// them); anything else is the kernel's (kernelError: --fallback applies).
+// not reuse, a resize still to finish or refused, and a map size the
+// kernel cannot create are for the operator to settle (a fallback to IPVS
+// would remove the maps and every connection through them); anything
+// else is the kernel's (kernelError: --fallback applies).
 func loadError(err error) error {
-	if errors.Is(err, loader.ErrLayoutChanged) || errors.Is(err, ebpf.ErrMapIncompatible) || errors.Is(err, loader.ErrResizePending) || errors.Is(err, loader.ErrResizeRefused) {
-		return err
+	for _, operators := range []error{loader.ErrLayoutChanged, ebpf.ErrMapIncompatible, loader.ErrResizePending,
+		loader.ErrResizeRefused, loader.ErrMapSize} {
+		if errors.Is(err, operators) {
+			return err
+		}
 	}
 	return kernelError{err}
 }

@@ -43,6 +43,10 @@ func TestFallbackOnlyForTheKernel(t *testing.T) {
 		{loadError(errors.New("load programs: invalid argument")), true},
 		{loadError(fmt.Errorf("%w: xvs_conntrack: a resize to 4096 entries is still to be finished", loader.ErrResizePending)), false},
 		{loadError(fmt.Errorf("%w: xvs_services", loader.ErrLayoutChanged)), false},
+		{loadError(fmt.Errorf("%w: xvs_services from 8192 to 4 entries", loader.ErrResizeRefused)), false},
+		// An oversized --bpf-* size is the operator's to correct: falling
+		// back would remove the maps and every connection through them.
+		{loadError(fmt.Errorf("%w: the kernel cannot create xvs_conntrack with 2147483648 entries", loader.ErrMapSize)), false},
 	} {
 		if got := errors.As(tc.err, new(kernelError)); got != tc.kernel {
 			t.Errorf("%v: kernel %v, want %v", tc.err, got, tc.kernel)

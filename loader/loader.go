@@ -24,10 +24,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -191,7 +193,8 @@ func Load(cfg Config) (*Objects, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareRegrow(cfg.PinPath, spec); err != nil {
+	regrowing, err := prepareRegrow(cfg.PinPath, spec)
+	if err != nil {
 		return nil, err
 	}
 	dropped, err := dropRetyped(cfg.PinPath, spec)
@@ -203,12 +206,16 @@ func Load(cfg Config) (*Objects, error) {
 	}
 	objs := Objects{spec: spec, opts: ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}}
 	if err := objs.loadEager(); err != nil {
+		undoRegrow(regrowing)
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load programs: %+v", verr)
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("pinned maps under %s do not match this build (run `xvs cleanup` to start afresh): %w", cfg.PinPath, err)
+		}
+		if name, size, ok := oversized(spec, err); ok {
+			return nil, fmt.Errorf("%w: the kernel cannot create %s with %d entries (%v): choose a smaller --bpf-* size", ErrMapSize, name, size, err)
 		}
 		return nil, fmt.Errorf("load objects: %w", err)
 	}
@@ -238,9 +245,29 @@ func Load(cfg Config) (*Objects, error) {
 	return &objs, nil
 }
 
-// configure sizes spec's maps and sets its load-time constants from cfg.
-func configure(spec *ebpf.CollectionSpec, cfg Config) error {
-	for name, size := range map[string]uint32{
+// ErrMapSize is a map the configuration sizes beyond what the kernel
+// creates (E2BIG, or ENOMEM for a table allocated up front): a size to
+// correct, not a kernel that cannot run the datapath.
+var ErrMapSize = errors.New("map too large")
+
+// oversized reports the map, of those configure sizes, whose creation
+// failed for its size in a load error.
+func oversized(spec *ebpf.CollectionSpec, err error) (string, uint32, bool) {
+	if !errors.Is(err, unix.E2BIG) && !errors.Is(err, unix.ENOMEM) {
+		return "", 0, false
+	}
+	for _, name := range sized {
+		// cilium/ebpf names the map it could not create ("map NAME: ...").
+		if strings.Contains(err.Error(), "map "+name+":") {
+			return name, spec.Maps[name].MaxEntries, true
+		}
+	}
+	return "", 0, false
+}
+
+// mapSizes are the sizes of the maps Config sizes, by name.
+func mapSizes(cfg Config) map[string]uint32 {
+	return map[string]uint32{
 		xbpf.XvsMapXvsServices:      cfg.MaxServiceSlots,
 		xbpf.XvsMapXvsBackends:      cfg.MaxBackends,
 		xbpf.XvsMapXvsBackendStats:  cfg.MaxBackends,
@@ -254,7 +281,15 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		xbpf.XvsMapXvsMembers:       cfg.MaxServiceSlots,
 		xbpf.XvsMapXvsSourceRanges:  cfg.MaxServices,
 		xbpf.XvsMapXvsClusterIps:    cfg.MaxServices,
-	} {
+	}
+}
+
+// sized are the names of the maps Config sizes, in name order.
+var sized = slices.Sorted(maps.Keys(mapSizes(DefaultConfig())))
+
+// configure sizes spec's maps and sets its load-time constants from cfg.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	for name, size := range mapSizes(cfg) {
 		spec.Maps[name].MaxEntries = size
 	}
 	for name, d := range map[string]time.Duration{

@@ -47,11 +47,7 @@ import (
 var ErrResizeRefused = errors.New("map resize refused")
 
 // regrown are the maps Config sizes besides the conntrack tables.
-var regrown = []string{
-	xbpf.XvsMapXvsServices, xbpf.XvsMapXvsBackends, xbpf.XvsMapXvsBackendStats, xbpf.XvsMapXvsSvcStats,
-	xbpf.XvsMapXvsSchedTables, xbpf.XvsMapXvsRrCursors, xbpf.XvsMapXvsBackendHeld, xbpf.XvsMapXvsBackendReaped,
-	xbpf.XvsMapXvsMembers, xbpf.XvsMapXvsSourceRanges, xbpf.XvsMapXvsClusterIps,
-}
+var regrown = slices.DeleteFunc(slices.Clone(sized), func(name string) bool { return slices.Contains(ctTables[:], name) })
 
 // idKeyed are the maps whose key is an ID below their size (backend or
 // Service ID): their IDs must stay below a smaller size.
@@ -87,8 +83,7 @@ type regrowing struct {
 // prepareRegrow checks and renames the pins of the maps pinned with
 // another size than spec's (step 1). A map whose earlier resize was
 // interrupted resumes it, unless its size changed once more.
-func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) error {
-	var moves [][2]string
+func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) (moves [][2]string, err error) {
 	for _, name := range regrown {
 		path := filepath.Join(pinPath, name)
 		m, err := ebpf.LoadPinnedMap(path, nil)
@@ -96,7 +91,7 @@ func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned %s: %w", name, err)
+			return nil, fmt.Errorf("open pinned %s: %w", name, err)
 		}
 		size, want := m.MaxEntries(), spec.Maps[name].MaxEntries
 		if size == want {
@@ -106,7 +101,7 @@ func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) error {
 		old := oldTablePin(pinPath, name)
 		if _, err := os.Stat(old); err == nil {
 			m.Close()
-			return fmt.Errorf("%w: %s: a resize to %d entries is still to be finished (pinned %s): start the agent once with that size, then with %d",
+			return nil, fmt.Errorf("%w: %s: a resize to %d entries is still to be finished (pinned %s): start the agent once with that size, then with %d",
 				ErrResizePending, name, size, old, want)
 		}
 		err = fits(m, name, want)
@@ -115,18 +110,31 @@ func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) error {
 		}
 		m.Close()
 		if err != nil {
-			return fmt.Errorf("%w: %s from %d to %d entries: %v (keep the size, or run `xvs cleanup` first, which drops every connection)",
+			return nil, fmt.Errorf("%w: %s from %d to %d entries: %v (keep the size, or run `xvs cleanup` first, which drops every connection)",
 				ErrResizeRefused, name, size, want, err)
 		}
 		moves = append(moves, [2]string{path, old})
 	}
 	// Only once every map is known to fit: a refusal leaves every pin.
-	for _, mv := range moves {
+	for i, mv := range moves {
 		if err := os.Rename(mv[0], mv[1]); err != nil {
-			return fmt.Errorf("resize %s: %w", filepath.Base(mv[0]), err)
+			undoRegrow(moves[:i])
+			return nil, fmt.Errorf("resize %s: %w", filepath.Base(mv[0]), err)
 		}
 	}
-	return nil
+	return moves, nil
+}
+
+// undoRegrow puts the old maps' pins back when the load that was to
+// resize them failed: a new map pinned meanwhile never served a packet.
+func undoRegrow(moves [][2]string) {
+	for _, mv := range moves {
+		if _, err := os.Stat(mv[1]); err != nil {
+			continue
+		}
+		_ = os.Remove(mv[0])
+		_ = os.Rename(mv[1], mv[0])
+	}
 }
 
 // fits says whether m's entries fit a map of want entries: a hash map's

@@ -1,6 +1,10 @@
 package loader
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -197,5 +201,54 @@ func TestPrivRegrowFits(t *testing.T) {
 	}
 	if err := fits(a, xbpf.XvsMapXvsBackendHeld, 8); err != nil {
 		t.Errorf("array: %v", err)
+	}
+}
+
+// TestPrivLoadTooLarge: a size the kernel cannot create is ErrMapSize (a
+// configuration error, which the agent does not answer by falling back
+// to IPVS and removing the maps), naming the map; the pinned maps stay
+// as they were, and the next load with a size that works resizes them.
+func TestPrivLoadTooLarge(t *testing.T) {
+	cfg := testConfig(t, "toolarge")
+	cfg.MaxServiceSlots = 4096
+	first, err := Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.XvsServices.Put(xbpf.SvcKey{Port: 80, Proto: 6, Family: xbpf.FamilyIPv4}, xbpf.SvcValue{SvcId: 7, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	cfg.MaxServiceSlots = 1 << 31
+	if objs, err := Load(cfg); err == nil {
+		objs.Close()
+		t.Fatal("a 2^31-entry services map loaded")
+	} else if !errors.Is(err, ErrMapSize) || !strings.Contains(err.Error(), "xvs_") {
+		t.Fatalf("load with 2^31 service slots: %v, want ErrMapSize naming the map", err)
+	}
+	for _, name := range []string{xbpf.XvsMapXvsServices, xbpf.XvsMapXvsMembers} {
+		if _, err := os.Stat(oldTablePin(cfg.PinPath, name)); !os.IsNotExist(err) {
+			t.Errorf("%s left renamed for a resize that failed (%v)", name, err)
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinPath, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.MaxEntries() != 4096 {
+			t.Errorf("%s pinned with %d entries after the failed load, want 4096", name, m.MaxEntries())
+		}
+		m.Close()
+	}
+
+	cfg.MaxServiceSlots = 8192
+	objs, err := Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	var v xbpf.SvcValue
+	if err := objs.XvsServices.Lookup(xbpf.SvcKey{Port: 80, Proto: 6, Family: xbpf.FamilyIPv4}, &v); err != nil || v.SvcId != 7 {
+		t.Fatalf("the entry after the resize: %+v, %v", v, err)
 	}
 }
