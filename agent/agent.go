@@ -317,7 +317,7 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 	a.syncer = newSyncer(syncerConfig{
 		log: log, tracker: a.tracker, dp: a.active.dp, metrics: a.metrics,
 		syncPeriod: c.IPVS.SyncPeriod.Duration, ccfg: a.ccfg, kube: a.kube, servicesFile: o.servicesFilePath(),
-		adopt: o.mode.adopt && a.active.dp.Mode() == modeEBPF,
+		adopt: o.mode.adopt && a.active.dp.Mode() == modeEBPF, firstSyncMaxRemoved: o.FirstSyncMaxRemoved,
 	})
 	a.closers = append(a.closers, a.syncer.svcHealth.Close)
 	if read := frontendSamples(a.active.dp, a.syncer.summary.names); read != nil {

@@ -87,6 +87,8 @@ ipvs: {scheduler: lc, strictARP: true, excludeCIDRs: [192.0.2.0/24], tcpTimeout:
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--bpf-max-backends", "0"}, "between 1 and"},
 		{[]string{"--bpf-conntrack-size", "lots"}, "between 1 and"},
+		{[]string{"--first-sync-max-removed", "1.5"}, "from 0 to 1"},
+		{[]string{"--first-sync-max-removed", "NaN"}, "from 0 to 1"},
 	} {
 		if _, _, err := parseAgentArgs(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error about %s", tc.args, err, tc.want)

@@ -17,8 +17,9 @@ import (
 // what the informers listed. A list that is valid but wrong (an API server
 // answering from an empty watch cache after an etcd restore, an aggregator
 // glitch) would remove every Service on every node the DaemonSet reaches.
-// So a first sync that would remove more than half of at least
-// firstSyncGuardMin programmed frontends, or that has no default/kubernetes
+// So a first sync that would remove more than a share (half by default,
+// --first-sync-max-removed) of at least firstSyncGuardMin programmed
+// frontends, or that has no default/kubernetes
 // Service where every cluster has one, is applied only once a second,
 // direct list of the API server (not the informers' cache) gives the same
 // picture; otherwise it is held (not ready, retried, counted in
@@ -43,16 +44,27 @@ func hasKubernetesService(st *model.State) bool {
 	return false
 }
 
-// suspectFirstSync says why st would be a suspicious first sync over
-// recovered frontends ("" when it is not).
-func suspectFirstSync(st *model.State, recovered int, proxyName string) string {
+// firstSyncGuard is what makes a first sync suspicious.
+type firstSyncGuard struct {
+	// maxRemoved is the share of the recovered frontends a first sync
+	// may remove without a confirming list.
+	maxRemoved float64
+	// proxyName is --service-proxy-name: with one, default/kubernetes is
+	// not expected.
+	proxyName string
+}
+
+// suspect says why st would be a suspicious first sync over recovered
+// frontends ("" when it is not).
+func (g firstSyncGuard) suspect(st *model.State, recovered int) string {
 	if recovered < firstSyncGuardMin {
 		return ""
 	}
-	if n := frontendCount(st); n*2 < recovered {
-		return fmt.Sprintf("it would remove %d of the %d frontends programmed before the restart", recovered-n, recovered)
+	if n := frontendCount(st); n < recovered && float64(recovered-n) > g.maxRemoved*float64(recovered) {
+		return fmt.Sprintf("it would remove %d of the %d frontends programmed before the restart (more than --first-sync-max-removed=%v)",
+			recovered-n, recovered, g.maxRemoved)
 	}
-	if proxyName == "" && !hasKubernetesService(st) {
+	if g.proxyName == "" && !hasKubernetesService(st) {
 		return "it has no default/kubernetes Service"
 	}
 	return ""
@@ -60,9 +72,8 @@ func suspectFirstSync(st *model.State, recovered int, proxyName string) string {
 
 // checkFirstSync is the guard's decision: nil to apply st. confirm lists
 // the API server again and returns the state that list translates to.
-func checkFirstSync(log *slog.Logger, st *model.State, recovered int, proxyName string,
-	confirm func() (*model.State, error)) error {
-	why := suspectFirstSync(st, recovered, proxyName)
+func (g firstSyncGuard) check(log *slog.Logger, st *model.State, recovered int, confirm func() (*model.State, error)) error {
+	why := g.suspect(st, recovered)
 	if why == "" {
 		return nil
 	}

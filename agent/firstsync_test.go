@@ -40,6 +40,7 @@ func TestFirstSyncGuard(t *testing.T) {
 		st         *model.State
 		recovered  int
 		proxyName  string
+		maxRemoved float64 // 0: the default, a half
 		confirm    *model.State
 		confirmErr error
 		listed     bool // the confirming list is made
@@ -55,10 +56,18 @@ func TestFirstSyncGuard(t *testing.T) {
 		{name: "no kubernetes Service, the API has it", st: stateOf(99, false), recovered: 100, confirm: stateOf(99, true), listed: true, held: true},
 		{name: "no kubernetes Service, confirmed", st: stateOf(99, false), recovered: 100, confirm: stateOf(99, false), listed: true},
 		{name: "a proxy name: no kubernetes Service expected", st: stateOf(99, false), recovered: 100, proxyName: "xvs"},
+		{name: "a tenth allowed, a fifth removed", st: stateOf(79, true), recovered: 100, maxRemoved: 0.1, confirm: stateOf(79, true), listed: true},
+		{name: "a tenth allowed, the API has them", st: stateOf(79, true), recovered: 100, maxRemoved: 0.1, confirm: stateOf(99, true), listed: true, held: true},
+		{name: "a tenth allowed, a tenth removed", st: stateOf(89, true), recovered: 100, maxRemoved: 0.1},
+		{name: "any share allowed", st: stateOf(0, true), recovered: 100, maxRemoved: 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			listed := false
-			err := checkFirstSync(log, c.st, c.recovered, c.proxyName, func() (*model.State, error) {
+			g := firstSyncGuard{maxRemoved: 0.5, proxyName: c.proxyName}
+			if c.maxRemoved != 0 {
+				g.maxRemoved = c.maxRemoved
+			}
+			err := g.check(log, c.st, c.recovered, func() (*model.State, error) {
 				listed = true
 				return c.confirm, c.confirmErr
 			})

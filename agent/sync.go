@@ -35,6 +35,8 @@ type syncerConfig struct {
 	// adopt: after the first sync, take over the connections another
 	// proxy translated (adopt.go).
 	adopt bool
+	// firstSyncMaxRemoved is --first-sync-max-removed (firstsync.go).
+	firstSyncMaxRemoved float64
 }
 
 // syncer is the body of the sync loop: Tracker.Build, Datapath.Sync, then
@@ -438,7 +440,8 @@ func (s *syncer) guardFirstSync(ctx context.Context, st *model.State) error {
 	if s.synced || s.kube == nil || !ok {
 		return nil
 	}
-	return checkFirstSync(s.log, st, r.RecoveredFrontends(), s.ccfg.ServiceProxyName, func() (*model.State, error) {
+	g := firstSyncGuard{maxRemoved: s.firstSyncMaxRemoved, proxyName: s.ccfg.ServiceProxyName}
+	return g.check(s.log, st, r.RecoveredFrontends(), func() (*model.State, error) {
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		return s.kube.listState(lctx, s.ccfg)

@@ -59,6 +59,8 @@ type Options struct {
 	ServiceProxyName string
 	// MaxFrontendsPerService is --max-frontends-per-service.
 	MaxFrontendsPerService int
+	// FirstSyncMaxRemoved is --first-sync-max-removed.
+	FirstSyncMaxRemoved float64
 	DisableRevNATDbg       bool
 
 	// flagConfig is what the configuration flags say, kube-proxy's
@@ -183,6 +185,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "service CIDRs (comma-separated) of the unallocated-address DROP, beside the API server's ServiceCIDR objects")
 	fs.StringVar(&o.NodeIPs, "node-ip", "", "the node's addresses, primary first (default: bindAddress, else from the Node object)")
 	fs.StringVar(&o.ServiceProxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones)")
+	fs.Float64Var(&o.FirstSyncMaxRemoved, "first-sync-max-removed", 0.5, "a restarted agent's first sync that would remove more than this share of the frontends programmed before (0 to 1; 1: any share) waits for a second, direct list of the API server to agree")
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", controller.DefaultMaxFrontendsPerService, "refuse a Service whose ports on all its addresses (ClusterIPs, NodePort addresses, externalIPs, LB IPs) make more frontends than this, so one Service cannot fill the maps every Service shares (0: no limit)")
 	if debugSwitches {
 		fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT")
@@ -252,6 +255,9 @@ func (o *Options) Complete() error {
 			}
 		}
 		o.deprecatedPorts()
+	}
+	if !(o.FirstSyncMaxRemoved >= 0 && o.FirstSyncMaxRemoved <= 1) {
+		return fmt.Errorf("--first-sync-max-removed %v: want a share from 0 to 1", o.FirstSyncMaxRemoved)
 	}
 	return Validate(c)
 }
