@@ -446,13 +446,7 @@ func (o *Options) servicesFilePath() string {
 // attach puts the programs on the selected devices, and on devices that
 // appear later.
 func (a *Agent) attach(ctx context.Context) error {
-	report := func(at loader.Attachment, err error) {
-		if err != nil {
-			a.log.Warn("attach failed", "err", err)
-			return
-		}
-		a.log.Info("attached", "device", at.Device, "mode", at.Mode)
-	}
+	report := attachReporter(a.log, a.metrics)
 	atts, errs, err := a.active.objs.WatchDevices(ctx, a.devices(), loader.AttachMode(a.o.TCAttach), report)
 	if err != nil {
 		return err
@@ -464,6 +458,23 @@ func (a *Agent) attach(ctx context.Context) error {
 		report(loader.Attachment{}, e)
 	}
 	return nil
+}
+
+// attachReporter logs each attachment and each failure, and counts the
+// failures (xvs_device_attach_failures_total).
+func attachReporter(log *slog.Logger, m *xmetrics.Metrics) func(loader.Attachment, error) {
+	return func(at loader.Attachment, err error) {
+		if err != nil {
+			// A kernel that cannot run the XDP program is said once per
+			// device, and tc serves it: not a failure to alert on.
+			if !errors.Is(err, loader.ErrXDPUnsupported) {
+				m.AttachFailures.Inc()
+			}
+			log.Warn("attach failed", "err", err)
+			return
+		}
+		log.Info("attached", "device", at.Device, "mode", at.Mode)
+	}
 }
 
 func sourceName(o *config.Options) string {

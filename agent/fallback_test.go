@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -51,5 +52,20 @@ func TestFallbackOnlyForTheKernel(t *testing.T) {
 		if got := errors.As(tc.err, new(kernelError)); got != tc.kernel {
 			t.Errorf("%v: kernel %v, want %v", tc.err, got, tc.kernel)
 		}
+	}
+}
+
+// TestAttachFailuresCounted: a device the programs could not be put on
+// (or a failed device watch) counts in xvs_device_attach_failures_total;
+// a kernel without the XDP program, which tc serves, does not.
+func TestAttachFailuresCounted(t *testing.T) {
+	m := xmetrics.New()
+	report := attachReporter(slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	report(loader.Attachment{Device: "eth0", Mode: "tcx"}, nil)
+	report(loader.Attachment{}, fmt.Errorf("attach lxc12: %w", errors.New("no such device")))
+	report(loader.Attachment{Device: "eth1"}, fmt.Errorf("eth1: %w", loader.ErrXDPUnsupported))
+	report(loader.Attachment{}, errors.New("link watch: no buffer space available"))
+	if n := testutil.ToFloat64(m.AttachFailures); n != 2 {
+		t.Fatalf("xvs_device_attach_failures_total %v, want 2", n)
 	}
 }

@@ -67,6 +67,8 @@ type Metrics struct {
 	AdoptedFlows      *prometheus.CounterVec
 	DatapathMode      *prometheus.GaugeVec
 	DatapathFallbacks *prometheus.CounterVec
+	// AttachFailures counts devices the programs could not be put on.
+	AttachFailures prometheus.Counter
 }
 
 // syncBuckets are kube-proxy's: 1 ms doubling, 15 buckets (to ~16 s).
@@ -166,6 +168,8 @@ func New() *Metrics {
 			Help: "1 for the datapath mode in use (ebpf or ipvs), 0 for the other"}, []string{"mode"}),
 		DatapathFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xvs_datapath_fallbacks_total",
 			Help: "Times the agent fell back from the BPF datapath, by target mode and reason"}, []string{"to", "reason"}),
+		AttachFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "xvs_device_attach_failures_total",
+			Help: "Failures to put the programs on a selected device (a pod veth, a NIC) or to watch the node's devices; a device left without the programs does not translate its Service traffic"}),
 	}
 	m.Gatherer = prometheus.Gatherers{legacyregistry.DefaultGatherer, m.Registry}
 	m.Registry.MustRegister(
@@ -175,7 +179,7 @@ func New() *Metrics {
 		m.NoLocalEndpointsTotal, m.ProxyHealthzTotal, m.ProxyLivezTotal, m.ConntrackDeletedTotal,
 		m.ConntrackReconcileLatency, m.RulesRestoreFailuresTotal,
 		m.SyncFailuresTotal, m.Problems, m.UnsupportedConfig, m.ServicePorts, m.EventsDropped, m.FirstSyncHeld,
-		m.AdoptedFlows, m.DatapathMode, m.DatapathFallbacks,
+		m.AdoptedFlows, m.DatapathMode, m.DatapathFallbacks, m.AttachFailures,
 	)
 	return m
 }
