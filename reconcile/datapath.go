@@ -91,6 +91,10 @@ type Datapath struct {
 	// backends holds every backend's ID, reference count and the mutable
 	// part of its map value as written.
 	backends backendTable
+	// strayBackendIDs are IDs the pinned backends map held for a
+	// backend that had another ID already (two agents on one pin path,
+	// before the lock): each is deleted, and freed, by the first sync.
+	strayBackendIDs []uint32
 	// unreferenced holds backends whose count dropped to zero in this
 	// sync: the candidates for deletion at its end.
 	unreferenced map[maps.BackendKey]struct{}
@@ -276,6 +280,10 @@ func (d *Datapath) recover() error {
 	d.showOccupancy()
 	err = d.w.backends.each(func(id *uint32, b *xbpf.Backend) {
 		bk := maps.NewBackendKey(maps.DecodeAddr(b.Addr, b.Family), maps.Ntohs(b.Port), model.Protocol(b.Proto))
+		if _, dup := d.backends.get(bk); dup {
+			d.strayBackendIDs = append(d.strayBackendIDs, *id)
+			return
+		}
 		if d.backendIDs.claim(*id) {
 			d.backends.set(bk, backendEntry{id: *id, weight: b.Weight, flags: b.Flags})
 			d.unreferenced[bk] = struct{}{}
@@ -454,6 +462,12 @@ func (d *Datapath) planRemovals(ws *writeSet, released map[maps.FrontendKey]bool
 	// A new map, not clear: clearing costs what the map once held (a
 	// million backends after a full sync), at every sync after.
 	d.unreferenced = map[maps.BackendKey]struct{}{}
+	for _, id := range d.strayBackendIDs {
+		// Never claimed: nothing to free (claim refused an ID beyond
+		// the space, or the backend had one).
+		ws.delBackends = append(ws.delBackends, id)
+	}
+	d.strayBackendIDs = nil
 	return nil
 }
 

@@ -454,3 +454,56 @@ func TestReconcileServicesFull(t *testing.T) {
 		t.Fatalf("a new port that does not fit: heads %v, problems %v", heads(s), d.Problems())
 	}
 }
+
+// TestReconcileStrayBackendIDs: pinned maps holding two IDs for one
+// backend (two agents once wrote one pin path) are repaired by the first
+// sync after a restart: one ID is kept, the other's entry and counters
+// deleted, and nothing leaks (before, the second ID stayed claimed and in
+// the map forever).
+func TestReconcileStrayBackendIDs(t *testing.T) {
+	d, s := memDatapath(t, Config{})
+	web := svcPort("web", []model.Frontend{clusterIP("172.30.0.10", 80)}, "10.244.1.2:8080")
+	if err := memSync(t, d, web); err != nil {
+		t.Fatal(err)
+	}
+	var kept uint32
+	var entry xbpf.Backend
+	for id, b := range s.backends.m {
+		kept, entry = id, b
+	}
+	if len(s.backends.m) != 1 {
+		t.Fatalf("%d backends, want 1", len(s.backends.m))
+	}
+	stray := kept + 7
+	s.backends.m[stray] = entry
+	s.beStats.m[stray] = true
+
+	d2, err := newDatapath(s.mapSet, Config{MaxServices: 64, MaxBackends: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := memSync(t, d2, web); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.backends.m) != 1 {
+		t.Fatalf("backends after the repair: %v, want one", s.backends.m)
+	}
+	var left uint32
+	for id := range s.backends.m {
+		left = id
+	}
+	for k, v := range s.services.m {
+		if k.Slot != 0 && v.BackendId != left {
+			t.Errorf("slot %+v points at backend %d, the map has %d", k, v.BackendId, left)
+		}
+	}
+	if s.beStats.m[stray] && left != stray {
+		t.Errorf("the stray ID %d's counters were left", stray)
+	}
+	// Only the ID in use is taken: the other is not leaked.
+	for _, id := range []uint32{kept, stray} {
+		if d2.backendIDs.isTaken(id) != (id == left) {
+			t.Errorf("backend ID %d taken %v, in use %d", id, d2.backendIDs.isTaken(id), left)
+		}
+	}
+}
