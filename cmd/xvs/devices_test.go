@@ -45,7 +45,9 @@ func testDeviceBurst(t *testing.T, mode string) {
 			t.Fatalf("ip -batch: %v: %s", err, out)
 		}
 	}
-	t.Cleanup(func() { _, _ = lab.Run(w.Node.NS, "sh", "-c", "for i in $(seq 0 119); do ip link del brst$i 2>/dev/null; done") })
+	t.Cleanup(func() {
+		_, _ = lab.Run(w.Node.NS, "sh", "-c", "for i in $(seq 0 119); do ip link del brst$i 2>/dev/null; done")
+	})
 	// The devices carrying the programs: pinned TCX links, or clsact
 	// filters of ours on a kernel without TCX (the 6.1 guest).
 	carrying := func() map[string]bool {
