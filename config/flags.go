@@ -61,7 +61,7 @@ type Options struct {
 	MaxFrontendsPerService int
 	// FirstSyncMaxRemoved is --first-sync-max-removed.
 	FirstSyncMaxRemoved float64
-	DisableRevNATDbg       bool
+	DisableRevNATDbg    bool
 
 	// flagConfig is what the configuration flags say, kube-proxy's
 	// defaults included; Complete uses it without --config.
