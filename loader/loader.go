@@ -165,7 +165,7 @@ var (
 // one whose layout no longer matches otherwise is an error:
 // the operator decides (xvs cleanup) rather than the agent silently
 // dropping every connection.
-func Load(cfg Config) (*Objects, error) {
+func Load(cfg Config) (_ *Objects, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("loader config: %w", err)
 	}
@@ -197,6 +197,13 @@ func Load(cfg Config) (*Objects, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			// A load that fails leaves the pins as they were: the maps
+			// it was to resize stay the running programs'.
+			undoRegrow(regrowing)
+		}
+	}()
 	dropped, err := dropRetyped(cfg.PinPath, spec)
 	for _, d := range dropped {
 		slog.Warn("pinned map of an older build replaced; its counters start again from zero", "map", d)
@@ -206,7 +213,6 @@ func Load(cfg Config) (*Objects, error) {
 	}
 	objs := Objects{spec: spec, opts: ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinPath}}}
 	if err := objs.loadEager(); err != nil {
-		undoRegrow(regrowing)
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load programs: %+v", verr)

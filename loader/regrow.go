@@ -126,7 +126,7 @@ func prepareRegrow(pinPath string, spec *ebpf.CollectionSpec) (moves [][2]string
 }
 
 // undoRegrow puts the old maps' pins back when the load that was to
-// resize them failed: a new map pinned meanwhile never served a packet.
+// resize them failed: a new map pinned meanwhile was never attached.
 func undoRegrow(moves [][2]string) {
 	for _, mv := range moves {
 		if _, err := os.Stat(mv[1]); err != nil {
@@ -247,26 +247,19 @@ func copyMap(dst, src *ebpf.Map, keep bool, snap *map[string][]byte) (int, error
 	if keep {
 		*snap = map[string][]byte{}
 	}
-	perCPU := src.Type() == ebpf.PerCPUHash || src.Type() == ebpf.PerCPUArray
 	n := 0
 	var key, val []byte
-	var vals [][]byte
 	var inner *ebpf.Map
 	defer func() { inner.Close() }()
 	it := src.Iterate()
 	for {
 		var ok bool
 		var v any
-		switch {
-		case src.Type() == ebpf.HashOfMaps || src.Type() == ebpf.ArrayOfMaps:
+		if src.Type() == ebpf.HashOfMaps || src.Type() == ebpf.ArrayOfMaps {
 			ok = it.Next(&key, &inner)
 			v = inner
-		case perCPU:
-			ok = it.Next(&key, &vals)
-			val, v = joined(vals), vals
-		default:
-			ok = it.Next(&key, &val)
-			v = val
+		} else {
+			val, v, ok = nextRaw(it, src, &key)
 		}
 		if !ok {
 			break
@@ -274,26 +267,16 @@ func copyMap(dst, src *ebpf.Map, keep bool, snap *map[string][]byte) (int, error
 		if !inRange(dst, key) || (val != nil && isArray(src) && allZero(val)) {
 			continue
 		}
+		flags := ebpf.UpdateNoExist
 		if isArray(dst) {
 			// An array has every key: copy over zeros only.
-			var have []byte
-			var haveCPU [][]byte
-			var err error
-			if perCPU {
-				err = dst.Lookup(key, &haveCPU)
-				have = joined(haveCPU)
-			} else {
-				err = dst.Lookup(key, &have)
-			}
+			have, err := lookupRaw(dst, key)
 			if err != nil {
 				return n, fmt.Errorf("read %s: %w", dst, err)
 			}
 			if !allZero(have) {
 				continue
 			}
-		}
-		flags := ebpf.UpdateNoExist
-		if isArray(dst) {
 			flags = ebpf.UpdateAny
 		}
 		switch err := dst.Update(key, v, flags); {
@@ -308,6 +291,34 @@ func copyMap(dst, src *ebpf.Map, keep bool, snap *map[string][]byte) (int, error
 		n++
 	}
 	return n, it.Err()
+}
+
+func isPerCPU(m *ebpf.Map) bool {
+	return m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.PerCPUArray
+}
+
+// nextRaw advances it over m and returns the entry's value as bytes (a
+// per-CPU value as every CPU's side by side) and as m takes it back.
+func nextRaw(it *ebpf.MapIterator, m *ebpf.Map, key *[]byte) (val []byte, v any, ok bool) {
+	if isPerCPU(m) {
+		var vals [][]byte
+		ok = it.Next(key, &vals)
+		return joined(vals), vals, ok
+	}
+	ok = it.Next(key, &val)
+	return val, val, ok
+}
+
+// lookupRaw reads m's value for key as bytes, as nextRaw does.
+func lookupRaw(m *ebpf.Map, key []byte) ([]byte, error) {
+	if isPerCPU(m) {
+		var vals [][]byte
+		err := m.Lookup(key, &vals)
+		return joined(vals), err
+	}
+	var val []byte
+	err := m.Lookup(key, &val)
+	return val, err
 }
 
 // inRange is false for an array index beyond dst's end.
@@ -362,18 +373,10 @@ func (o *Objects) finishRegrow() error {
 // carryCounts adds to cur what old counted since snap, counter by counter
 // (w bytes wide, wrapping as the programs' atomic adds do).
 func carryCounts(cur, old *ebpf.Map, snap map[string][]byte, w int) error {
-	perCPU := old.Type() == ebpf.PerCPUHash || old.Type() == ebpf.PerCPUArray
-	var key, val []byte
-	var vals [][]byte
+	var key []byte
 	it := old.Iterate()
 	for {
-		var ok bool
-		if perCPU {
-			ok = it.Next(&key, &vals)
-			val = joined(vals)
-		} else {
-			ok = it.Next(&key, &val)
-		}
+		val, v, ok := nextRaw(it, old, &key)
 		if !ok {
 			break
 		}
@@ -385,21 +388,18 @@ func carryCounts(cur, old *ebpf.Map, snap map[string][]byte, w int) error {
 		if allZero(delta) || !inRange(cur, key) {
 			continue
 		}
-		now := make([]byte, len(val))
-		if perCPU {
-			var cv [][]byte
-			if err := cur.Lookup(key, &cv); err == nil {
-				now = joined(cv)
-			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return err
-			}
-		} else if err := cur.Lookup(key, &now); err != nil {
+		now, err := lookupRaw(cur, key)
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			now = make([]byte, len(val))
+		case err != nil:
 			return err
 		}
 		sum := add(now, delta, w)
-		var v any = sum
-		if perCPU {
+		if vals, ok := v.([][]byte); ok {
 			v = split(sum, len(vals))
+		} else {
+			v = sum
 		}
 		if err := cur.Update(key, v, ebpf.UpdateAny); err != nil {
 			return err

@@ -93,7 +93,7 @@ type Datapath struct {
 	backends backendTable
 	// strayBackendIDs are IDs the pinned backends map held for a
 	// backend that had another ID already (two agents on one pin path,
-	// before the lock): each is deleted, and freed, by the first sync.
+	// before the lock): never claimed, each is deleted by the first sync.
 	strayBackendIDs []uint32
 	// unreferenced holds backends whose count dropped to zero in this
 	// sync: the candidates for deletion at its end.
