@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -45,9 +46,12 @@ func pointsBack(rk xbpf.CtKey, rev, fe xbpf.CtEntry) bool {
 // the connections the least-connection schedulers still counted for the
 // flows (those that ended without FIN or RST, UDP flows). It returns how
 // many entries it deleted. The datapath never writes xvs_backend_reaped, so
-// the read-modify-write there races with nothing. Each entry is read again
-// just before it is deleted, and left alone if the datapath rewrote it
-// meanwhile (a new flow on the same tuple).
+// the read-modify-write there races with nothing. An entry is taken out
+// with the value it holds at that instant (take), and put back if the
+// datapath rewrote it since the pass read it (a new flow on the same
+// tuple): what the reaper counts as handed back is what it deleted, so a
+// connection the datapath released itself is not released twice. What a
+// pass deleted is counted even when the pass stops on an error.
 //
 // A pass reads every table once, in batches, and answers "does this reply
 // entry's flow live?" from fingerprints of the live forward entries it
@@ -73,22 +77,29 @@ func (d *Datapath) Reap(grace time.Duration) (int, error) {
 		n, err := scans[i].reap(ct, tables, &live, now, grace, reaped)
 		deleted += n
 		if err != nil {
-			return deleted, err
+			return deleted, errors.Join(err, d.handBack(reaped))
 		}
 		d.ctEntries[i].Store(uint64(scans[i].seen - n))
 	}
+	return deleted, d.handBack(reaped)
+}
+
+// handBack adds the connections of reaped flows to xvs_backend_reaped,
+// which the least-connection schedulers subtract from what the datapath
+// counts as held.
+func (d *Datapath) handBack(reaped map[uint32]xbpf.Conns) error {
 	for id, n := range reaped {
 		var have xbpf.Conns
 		if err := d.m.BackendReaped.Lookup(&id, &have); err != nil {
-			return deleted, fmt.Errorf("read reaped count of backend %d: %w", id, err)
+			return fmt.Errorf("read reaped count of backend %d: %w", id, err)
 		}
 		have.Active += n.Active
 		have.Inactive += n.Inactive
 		if err := d.m.BackendReaped.Update(&id, &have, 0); err != nil {
-			return deleted, fmt.Errorf("write reaped count of backend %d: %w", id, err)
+			return fmt.Errorf("write reaped count of backend %d: %w", id, err)
 		}
 	}
-	return deleted, nil
+	return nil
 }
 
 // flowPrint is what a reply entry must find in its flow's forward entry
@@ -167,32 +178,21 @@ func scanTable(ct *ebpf.Map, now uint64, grace time.Duration, live *liveFlows) (
 // hands back to reaped. A reply entry's flow is looked for in every table:
 // a flow's entries move together, but not in one step.
 func (s *tableScan) reap(ct *ebpf.Map, tables []*ebpf.Map, live *liveFlows, now uint64, grace time.Duration, reaped map[uint32]xbpf.Conns) (deleted int, err error) {
-	unchanged := func(k xbpf.CtKey, was xbpf.CtEntry) bool {
-		var now xbpf.CtEntry
-		return ct.Lookup(&k, &now) == nil && now == was
-	}
-	del := func(k xbpf.CtKey) error {
-		if err := ct.Delete(&k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("delete conntrack entry: %w", err)
-		}
-		deleted++
-		return nil
-	}
 	for i, k := range s.dead {
-		e := s.deadVals[i]
-		if !unchanged(k, e) {
-			continue
+		gone, ok, err := take(ct, k, s.deadVals[i])
+		if ok {
+			deleted++
+			switch c := reaped[gone.BackendId]; {
+			case gone.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
+				c.Active++
+				reaped[gone.BackendId] = c
+			case gone.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE) != 0:
+				c.Inactive++
+				reaped[gone.BackendId] = c
+			}
 		}
-		if err := del(k); err != nil {
+		if err != nil {
 			return deleted, err
-		}
-		switch c := reaped[e.BackendId]; {
-		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD) != 0:
-			c.Active++
-			reaped[e.BackendId] = c
-		case e.Flags&uint16(xbpf.XvsXvsCtFlagsXVS_CT_F_INACTIVE) != 0:
-			c.Inactive++
-			reaped[e.BackendId] = c
 		}
 	}
 	for i, rk := range s.replies {
@@ -202,14 +202,53 @@ func (s *tableScan) reap(ct *ebpf.Map, tables []*ebpf.Map, live *liveFlows, now 
 		}
 		// Not among the flows read: perhaps one that began after the
 		// read, or moved tables meanwhile.
-		if flowLives(tables, rk, rev, flowKeyOf(rk, rev), now, grace) || !unchanged(rk, rev) {
+		if flowLives(tables, rk, rev, flowKeyOf(rk, rev), now, grace) {
 			continue
 		}
-		if err := del(rk); err != nil {
+		_, ok, err := take(ct, rk, rev)
+		if ok {
+			deleted++
+		}
+		if err != nil {
 			return deleted, err
 		}
 	}
 	return deleted, nil
+}
+
+// beforeTake, when set (by tests), runs just before take deletes k: the
+// moment at which the datapath rewriting the entry would have fooled a
+// reaper that looked it up and then deleted it by key.
+var beforeTake func(ct *ebpf.Map, k xbpf.CtKey)
+
+// take deletes the entry at k, which a pass read as was, and returns the
+// value it deleted. One syscall reads and deletes (BPF_MAP_LOOKUP_AND_DELETE_ELEM),
+// so nothing the datapath writes can fall between the check and the
+// delete. If the entry is no longer was (the datapath began a new flow on
+// the tuple since the read), it is put back and ok is false; if a newer
+// entry already took its place, the value taken is gone for good and
+// counts as deleted (ok), so that what it held is handed back.
+func take(ct *ebpf.Map, k xbpf.CtKey, was xbpf.CtEntry) (gone xbpf.CtEntry, ok bool, err error) {
+	if beforeTake != nil {
+		beforeTake(ct, k)
+	}
+	if err := ct.LookupAndDelete(&k, &gone); err != nil {
+		if isNotExist(err) {
+			return gone, false, nil
+		}
+		return gone, false, fmt.Errorf("delete conntrack entry: %w", err)
+	}
+	if gone == was {
+		return gone, true, nil
+	}
+	switch err := ct.Update(&k, &gone, ebpf.UpdateNoExist); {
+	case err == nil:
+		return gone, false, nil
+	case errors.Is(err, ebpf.ErrKeyExist):
+		return gone, true, nil
+	default:
+		return gone, true, fmt.Errorf("put back conntrack entry the datapath rewrote: %w", err)
+	}
 }
 
 // flowLives says whether the flow at fk that reply entry rk points at is

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/maps"
 )
@@ -161,4 +163,78 @@ func BenchmarkPrivReap(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(2*flows), "ns/entry")
+}
+
+// TestPrivReapTakesWhatItChecked: the datapath begins a new flow on an
+// expired flow's tuple at the worst moment, after the pass read the old
+// flow and just before it deletes it. The new flow stays, and the old
+// flow's least-connection count, which the datapath released when it
+// replaced the flow, is not released again: the backend is still counted
+// as holding the new connection. A reaper that looks the entry up and then
+// deletes it by key deletes the new flow and releases the count twice.
+func TestPrivReapTakesWhatItChecked(t *testing.T) {
+	m, dp, _ := datapathForTest(t)
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	grace := ReapGrace
+	if now < uint64(4*grace) {
+		grace = time.Duration(now / 4)
+	}
+	held := uint32(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD)
+	dead := fillFlows(t, m, 4, 2, now-uint64(2*grace))
+	for _, k := range dead {
+		var e xbpf.CtEntry
+		if err := m.Conntrack.Lookup(&k, &e); err != nil {
+			t.Fatal(err)
+		}
+		e.Flags |= uint16(held)
+		if err := m.Conntrack.Update(&k, &e, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backend := uint32(1)
+	// The datapath counted both flows when it opened them.
+	if err := m.BackendHeld.Update(&backend, &xbpf.Conns{Active: 2}, 0); err != nil {
+		t.Fatal(err)
+	}
+	reused := dead[0]
+	var fresh xbpf.CtEntry
+	beforeTake = func(ct *ebpf.Map, k xbpf.CtKey) {
+		if k != reused {
+			return
+		}
+		// flow_retire: the old flow's count is released and the new
+		// flow's taken (held stays at 2), and the entry is rewritten.
+		if err := ct.Lookup(&k, &fresh); err != nil {
+			t.Error(err)
+			return
+		}
+		fresh.Expires = now + uint64(time.Hour)
+		fresh.State = uint8(xbpf.XvsXvsCtStateXVS_CT_SYN_RECV)
+		if err := ct.Update(&k, &fresh, 0); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { beforeTake = nil })
+	n, err := dp.Reap(grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("reaped %d entries, want 2 (the untouched dead flow's)", n)
+	}
+	var got xbpf.CtEntry
+	if err := m.Conntrack.Lookup(&reused, &got); err != nil || got != fresh {
+		t.Errorf("the new flow on the reused tuple: %+v, %v; want %+v", got, err, fresh)
+	}
+	var reaped xbpf.Conns
+	if err := m.BackendReaped.Lookup(&backend, &reaped); err != nil {
+		t.Fatal(err)
+	}
+	if reaped != (xbpf.Conns{Active: 1}) {
+		t.Errorf("reaped counts %+v, want one active connection (the untouched flow's): the backend holds %d connection(s) by the schedulers' count, want 1",
+			reaped, 2-int(reaped.Active))
+	}
 }

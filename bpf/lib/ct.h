@@ -226,18 +226,28 @@ static __always_inline __u8 ct_tcp_next(__u8 state, __u16 *flags, __u8 tcp, bool
 	return state;
 }
 
-/* Give back what a least-connection scheduler counts for the flow: its
- * active connection, or its inactive one. */
-static __always_inline void ct_release(const struct xvs_ct_entry *e)
+/* Give back what a least-connection scheduler counts for the flow (its
+ * active connection, or its inactive one) when the flow is replaced or
+ * its masquerade port recycled. The flow stops claiming the count before
+ * the count is given back: the agent's reaper, which deletes expired
+ * entries and gives back what the value it deleted claims, then sees
+ * either the claim (and gives it back instead) or none, not a claim
+ * already given back. */
+static __always_inline void ct_release(struct xvs_ct_entry *e)
 {
+	__u16 flags = e->flags;
 	__u32 id = e->backend_id;
-	struct xvs_conn_counts *c = bpf_map_lookup_elem(&xvs_backend_held, &id);
+	struct xvs_conn_counts *c;
 
+	if (!(flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE)))
+		return;
+	e->flags = flags & ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
+	c = bpf_map_lookup_elem(&xvs_backend_held, &id);
 	if (!c)
 		return;
-	if (e->flags & XVS_CT_F_HELD)
+	if (flags & XVS_CT_F_HELD)
 		__sync_fetch_and_add(&c->active, -1);
-	else if (e->flags & XVS_CT_F_INACTIVE)
+	else
 		__sync_fetch_and_add(&c->inactive, -1);
 }
 

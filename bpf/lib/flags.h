@@ -63,12 +63,6 @@ static __always_inline bool ct_is_snat(const struct xvs_ct_entry *e)
 	return e->flags & XVS_CT_F_SNAT;
 }
 
-/* The flow holds (or held) a least-connection count of its backend. */
-static __always_inline bool ct_counts_for_backend(const struct xvs_ct_entry *e)
-{
-	return e->flags & (XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
-}
-
 /* The flow's replies are reverse-NATed at tc egress: its backend is this
  * node's own address, or netfilter forwards it. */
 static __always_inline bool ct_reversed_at_egress(const struct xvs_ct_entry *e)

@@ -276,9 +276,7 @@ static __noinline void flow_retire(const struct xvs_pkt *p, struct xvs_ct_entry 
 	struct xvs_ct_entry *rev;
 
 	stats_flush(old);
-	if (ct_counts_for_backend(old))
-		ct_release(old);
-	old->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
+	ct_release(old);
 	if (ct_is_snat(old))
 		ct_key(&rk, old->nat_addr, old->snat_addr, old->nat_port, old->snat_port, p->proto,
 		       p->family);

@@ -154,9 +154,7 @@ __noinline int snat_port_held(const struct xvs_ct_key *rk, struct xvs_ct_entry *
 		return 1;
 	stats_flush(fe);
 	stats_flush(rev);
-	if (ct_counts_for_backend(fe))
-		ct_release(fe);
-	fe->flags &= ~(XVS_CT_F_HELD | XVS_CT_F_INACTIVE);
+	ct_release(fe);
 	fe->expires = 0;
 	return 0;
 }
