@@ -75,7 +75,7 @@ func newKubeClient(ctx context.Context, log *slog.Logger, o *config.Options, nod
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
-	k := &kubeClient{log: log, node: node, client: client, limiter: newEventLimiter(EventBurst, EventEvery), dropped: dropped}
+	k := &kubeClient{log: log, node: node, client: client, limiter: newEventLimiter(EventBurst, EventEvery, EventNodeRate, EventNodeBurst), dropped: dropped}
 	ecfg := rest.CopyConfig(cfg)
 	ecfg.QPS, ecfg.Burst = eventsQPS, eventsAPIBurst
 	eclient, err := kubernetes.NewForConfig(ecfg)
