@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -153,9 +154,7 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 			r.snap.Services = append(r.snap.Services, r.service(ref, head))
 		}
 	}
-	slices.SortFunc(r.snap.Services, func(a, b ServiceView) int {
-		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Address.Compare(b.Address))
-	})
+	r.snap.Sort()
 	if withStats {
 		r.snap.Verdicts = map[string]xbpf.Stats{}
 		for v := xbpf.Verdict(0); v < xbpf.XvsXvsVerdictXVS_V_MAX; v++ {
@@ -167,6 +166,64 @@ func (m *Maps) Read(withStats bool) (*Snapshot, error) {
 		}
 	}
 	return r.snap, nil
+}
+
+// Sort puts the frontends in ipvsadm -Ln's order (libipvs's
+// ipvs_cmp_services): IPv4 before IPv6, then by protocol number (TCP,
+// UDP, SCTP), address and port; and each frontend's backends by address
+// and port (ipvs_cmp_dests). Both modes list in this order, whatever
+// order the maps or the kernel hand them out in, so that two listings,
+// of two nodes or of the two modes, compare line by line.
+func (s *Snapshot) Sort() {
+	slices.SortStableFunc(s.Services, compareFrontends)
+	for i := range s.Services {
+		for _, set := range [][]BackendView{s.Services[i].Backends, s.Services[i].ShortCircuit} {
+			slices.SortStableFunc(set, func(a, b BackendView) int { return a.Address.Compare(b.Address) })
+		}
+	}
+}
+
+func compareFrontends(a, b ServiceView) int {
+	return cmp.Or(
+		cmp.Compare(a.Address.Addr().BitLen(), b.Address.Addr().BitLen()),
+		cmp.Compare(protocolRank(a.Protocol), protocolRank(b.Protocol)),
+		cmp.Compare(a.Protocol, b.Protocol),
+		a.Address.Compare(b.Address))
+}
+
+// protocolRank is a protocol's number, as ipvsadm compares them; a name
+// this build does not know sorts after the ones it does.
+func protocolRank(name string) int {
+	if p, err := model.ParseProtocol(name); err == nil && name != "" {
+		return int(p)
+	}
+	return 256
+}
+
+// Select keeps the frontends of protocol proto (0: any) at frontend (port
+// 0: every port of the address), as ipvsadm -L -t/-u/--sctp-service lists
+// only the virtual server named, and reports whether any is left. The
+// verdict counters and the conntrack occupancy are the node's, not a
+// frontend's, and go; so do the orphans of the frontends left out.
+func (s *Snapshot) Select(proto model.Protocol, frontend netip.AddrPort) bool {
+	var kept []string
+	s.Services = slices.DeleteFunc(s.Services, func(sv ServiceView) bool {
+		if proto != 0 && proto.String() != sv.Protocol || !addrPortMatch(frontend, sv.Address) {
+			return true
+		}
+		kept = append(kept, orphanPrefix(sv.Protocol, sv.Address))
+		return false
+	})
+	s.Orphans = slices.DeleteFunc(s.Orphans, func(o string) bool {
+		return !slices.ContainsFunc(kept, func(p string) bool { return strings.HasPrefix(o, p) })
+	})
+	s.Verdicts, s.Conntrack = nil, nil
+	return len(s.Services) > 0
+}
+
+// orphanPrefix is how the orphans of a frontend begin.
+func orphanPrefix(proto string, frontend netip.AddrPort) string {
+	return proto + " " + frontend.String() + " "
 }
 
 // slotRef names the slots of one frontend's scope.
@@ -215,15 +272,15 @@ func (r *snapshotReader) service(ref slotRef, head xbpf.SvcValue) ServiceView {
 	return sv
 }
 
-// backendViews are the backends of one frontend's scope, in slot order; a
-// slot or backend missing is an orphan.
+// backendViews are the backends of one frontend's scope (in slot order;
+// Sort orders them by address); a slot or backend missing is an orphan.
 func (r *snapshotReader) backendViews(ref slotRef, head xbpf.SvcValue) []BackendView {
 	var out []BackendView
 	for s := uint16(1); s <= head.Count; s++ {
 		bid, ok := r.slots[ref][s]
 		be, found := r.backends[bid]
 		if !ok || !found {
-			r.snap.Orphans = append(r.snap.Orphans, fmt.Sprintf("%s %s slot %d: missing", ref.fk.Proto, netip.AddrPortFrom(ref.fk.Addr, ref.fk.Port), s))
+			r.snap.Orphans = append(r.snap.Orphans, fmt.Sprintf("%sslot %d: missing", orphanPrefix(ref.fk.Proto.String(), netip.AddrPortFrom(ref.fk.Addr, ref.fk.Port)), s))
 			continue
 		}
 		bv := BackendView{

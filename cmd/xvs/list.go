@@ -46,12 +46,15 @@ func runList(args []string) error {
 		name  string
 		proto model.Protocol
 	}{{"t", model.TCP}, {"tcp-service", model.TCP}, {"u", model.UDP}, {"udp-service", model.UDP}, {"sctp-service", model.SCTP}} {
-		fs.Func(f.name, "with -c: only connections to this "+f.proto.String()+" frontend, ADDR:PORT or ADDR (every port)", func(v string) error {
+		fs.Func(f.name, "only this "+f.proto.String()+" virtual server, ADDR:PORT or ADDR (every port); none there is an error, no such service, as in ipvsadm (with -c: only its connections)", func(v string) error {
 			ap, err := parseFrontend(v)
 			filter.Protocol, filter.Virtual = f.proto, ap
 			return err
 		})
 	}
+	// ipvsadm sorts unless told --nosort and takes --sort as a no-op for
+	// compatibility; xvs always sorts (Snapshot.Sort) and takes it too.
+	fs.Bool("sort", false, "accepted for ipvsadm habits: the listing is always sorted (IPv4 before IPv6, then protocol, address, port; backends by address, port)")
 	ic := ipvsListFlags(fs)
 	servicesFile := fs.String("services-file", "", "the agent's --services-file: Service names and endpoint states (default /run/xvs/services-<netns inode>.json)")
 	if err := fs.Parse(args); err != nil {
@@ -65,9 +68,9 @@ func runList(args []string) error {
 		return listConnections(*mode, *pinPath, *output, filter, names)
 	}
 	if *rate {
-		return listRates(*mode, *pinPath, *output, *interval, *ic)
+		return listRates(*mode, *pinPath, *output, *interval, *ic, filter)
 	}
-	snap, err := readSnapshot(*mode, *pinPath, *stats, *ic)
+	snap, err := readSelected(*mode, *pinPath, *stats, *ic, filter)
 	if err != nil {
 		return err
 	}
@@ -93,6 +96,16 @@ func listMode(mode, pinPath string) string {
 	return string(model.ModeEBPF)
 }
 
+// readSelected reads what either mode programmed and keeps the virtual
+// servers f names (selectFrontends).
+func readSelected(mode, pinPath string, stats bool, ic ipvs.Config, f maps.ConnectionFilter) (*maps.Snapshot, error) {
+	snap, err := readSnapshot(mode, pinPath, stats, ic)
+	if err != nil {
+		return nil, err
+	}
+	return snap, selectFrontends(snap, f)
+}
+
 func readSnapshot(mode, pinPath string, stats bool, ic ipvs.Config) (*maps.Snapshot, error) {
 	if listMode(mode, pinPath) == string(model.ModeIPVS) {
 		return listIPVS(stats, ic)
@@ -103,6 +116,21 @@ func readSnapshot(mode, pinPath string, stats bool, ic ipvs.Config) (*maps.Snaps
 	}
 	defer m.Close()
 	return m.Read(stats)
+}
+
+// selectFrontends keeps the virtual servers of f's Protocol and Virtual
+// (-t, -u, --sctp-service; none set: all). Where none is left it fails, as
+// ipvsadm -L -t of a missing virtual server fails with "No such service":
+// a mistyped address must not read as a listing with nothing in it.
+func selectFrontends(snap *maps.Snapshot, f maps.ConnectionFilter) error {
+	if !f.Virtual.IsValid() || snap.Select(f.Protocol, f.Virtual) {
+		return nil
+	}
+	where := f.Virtual.String()
+	if f.Virtual.Port() == 0 {
+		where = f.Virtual.Addr().String() + " (any port)"
+	}
+	return fmt.Errorf("no such service: %s %s", f.Protocol, where)
 }
 
 func printList(out io.Writer, snap *maps.Snapshot, stats bool) {
@@ -209,13 +237,17 @@ func ipvsListFlags(fs *flag.FlagSet) *ipvs.Config {
 	return ic
 }
 
-// listIPVS reads what xvs programmed in kernel IPVS (ipvsadm -Ln).
+// listIPVS reads what xvs programmed in kernel IPVS (ipvsadm -Ln), in
+// the order Maps.Read lists the BPF maps in: both modes' listings sort
+// alike (Snapshot.Sort).
 func listIPVS(stats bool, cfg ipvs.Config) (*maps.Snapshot, error) {
 	list, err := ipvs.List(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return agent.SnapshotOfIPVS(list, stats), nil
+	snap := agent.SnapshotOfIPVS(list, stats)
+	snap.Sort()
+	return snap, nil
 }
 
 // parseFrontend reads ADDR:PORT or a bare ADDR (port 0: every port).
@@ -348,20 +380,26 @@ func rateOf(a, b xbpf.Stats, d time.Duration) Rate {
 		InBPS: per(a.BytesIn, b.BytesIn), OutBPS: per(a.BytesOut, b.BytesOut)}
 }
 
-// listRates reads the counters twice and prints the rates between.
-func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Config) error {
-	first, err := readSnapshot(mode, pinPath, true, ic)
+// listRates reads the counters twice and prints the rates between, of the
+// virtual servers f names.
+func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Config, f maps.ConnectionFilter) error {
+	first, err := readSelected(mode, pinPath, true, ic, f)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
 	time.Sleep(interval)
-	second, err := readSnapshot(mode, pinPath, true, ic)
+	second, err := readSelected(mode, pinPath, true, ic, f)
 	if err != nil {
 		return err
 	}
 	end := time.Now()
-	d := end.Sub(start)
+	return printRates(os.Stdout, output, start, end, rateViews(first, second, end.Sub(start)))
+}
+
+// rateViews are the rates of the frontends and backends both reads hold,
+// in the second read's order.
+func rateViews(first, second *maps.Snapshot, d time.Duration) []rateView {
 	type key struct {
 		proto string
 		addr  netip.AddrPort
@@ -388,18 +426,24 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 		}
 		views = append(views, v)
 	}
+	return views
+}
+
+// printRates prints the rates over the window from start to end (when
+// the two reads ended).
+func printRates(out io.Writer, output string, start, end time.Time, views []rateView) error {
 	switch output {
 	case "json", "yaml":
-		return printStructured(os.Stdout, output, "xvs.list.rate/v1", struct {
+		return printStructured(out, output, "xvs.list.rate/v1", struct {
 			IntervalSeconds float64 `json:"intervalSeconds"`
 			// From and To are when the two reads ended: the rates are
 			// over that window.
 			From     time.Time  `json:"from"`
 			To       time.Time  `json:"to"`
 			Services []rateView `json:"services"`
-		}{d.Seconds(), start, end, views})
+		}{end.Sub(start).Seconds(), start, end, views})
 	case "text":
-		w := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+		w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(w, "Prot LocalAddress:Port\tCPS\tInPPS\tOutPPS\tInBPS\tOutBPS")
 		fmt.Fprintln(w, "  -> RemoteAddress:Port\t\t\t\t\t")
 		line := func(prefix string, r Rate) {

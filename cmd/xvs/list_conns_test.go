@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"net"
 	"net/netip"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,7 +20,9 @@ import (
 // TestPrivListConnections: `xvs list -c` shows a live TCP connection
 // through the VIP (client, VIP, the pod it reached, ESTABLISHED, a 24 h
 // expiry), then its close (TIME_WAIT), and a UDP flow; -t and -u filter by
-// frontend.
+// frontend, in -c and in the listing of virtual servers (--stats, --rate,
+// text and JSON), where a virtual server that is not there is an error
+// (exit status 1); --sort is taken, as ipvsadm takes it.
 func TestPrivListConnections(t *testing.T) {
 	w := newWorld(t)
 	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
@@ -135,6 +139,34 @@ func TestPrivListConnections(t *testing.T) {
 				t.Errorf("xvs list %v: %v, want %q in:\n%s", c.args, err, want, out)
 			}
 		}
+	}
+	// The virtual servers -t and -u name, alone.
+	for _, c := range []struct {
+		args []string
+		want netip.AddrPort
+	}{
+		{[]string{"-t", tcp.String(), "--sort"}, tcp},
+		{[]string{"-u", harness.DemoVIP.String(), "--stats"}, udp},
+		{[]string{"-t", tcp.String(), "--rate", "--interval", "200ms"}, tcp},
+	} {
+		out, err := lab.Run(w.Node.NS, w.Bin, append([]string{"list", "-o", "json", "--pin-path", w.PinPath}, c.args...)...)
+		var v struct {
+			Services []struct{ Address netip.AddrPort }
+			Verdicts map[string]any
+		}
+		if err != nil || json.Unmarshal(out, &v) != nil || len(v.Services) != 1 || v.Services[0].Address != c.want || v.Verdicts != nil {
+			t.Errorf("xvs list %v: %v, want %s alone:\n%s", c.args, err, c.want, out)
+		}
+	}
+	if out, err := lab.Run(w.Node.NS, w.Bin, "list", "--stats", "-t", tcp.String(), "--pin-path", w.PinPath); err != nil ||
+		!regexp.MustCompile(`(?m)^TCP  172\.30\.0\.10:80 `).Match(out) || strings.Contains(string(out), ":53") || strings.Contains(string(out), "Verdict") {
+		t.Errorf("xvs list --stats -t %s (%v): want its lines alone:\n%s", tcp, err, out)
+	}
+	out, err = lab.Run(w.Node.NS, w.Bin, "list", "-t", netip.AddrPortFrom(harness.DemoVIP, 81).String(), "--pin-path", w.PinPath)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "no such service: TCP 172.30.0.10:81") ||
+		strings.Contains(string(out), "virtual servers") {
+		t.Errorf("xvs list -t of no virtual server: %v, want exit status 1 and no such service, no listing:\n%s", err, out)
 	}
 }
 

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/xvs-lb/xvs/agent"
 	"github.com/xvs-lb/xvs/ipvs"
 	"github.com/xvs-lb/xvs/loader"
 	"github.com/xvs-lb/xvs/maps"
@@ -32,6 +35,7 @@ func runMonitor(args []string) error {
 	count := fs.Int("count", 0, "exit after this many events (0: run until interrupted)")
 	timeout := fs.Duration("timeout", 0, "exit after this long (0: run until interrupted)")
 	mode := fs.String("proxy-mode", "auto", "datapath to listen to: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
+	servicesFile := fs.String("services-file", "", "the agent's --services-file: the Service names of the destinations (default /run/xvs/services-<netns inode>.json)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,7 +88,7 @@ func runMonitor(args []string) error {
 		}
 	}()
 	fmt.Fprintf(os.Stderr, "listening for drop and reject events %s; Ctrl-C to stop)\n", where)
-	n, err := monitorLoop(m, os.Stdout, *typ, *output, *count, *timeout, stop)
+	n, err := monitorLoop(m, os.Stdout, newServiceNames(*servicesFile), *typ, *output, *count, *timeout, stop)
 	c, cerr := m.Counts()
 	closeErr := m.Close()
 	if cerr == nil {
@@ -97,11 +101,12 @@ func runMonitor(args []string) error {
 	return errors.Join(err, closeErr)
 }
 
-// monitorLoop prints events until count (if set) are printed, timeout (if
-// set) passes or stop closes; it returns how many it printed. Stopped, it
-// still prints what the ring already holds: an event of the moment before
-// the Ctrl-C is not lost.
-func monitorLoop(m model.MonitorSource, out io.Writer, typ, output string, count int, timeout time.Duration, stop <-chan struct{}) (int, error) {
+// monitorLoop prints events, with the Service names names gives (nil:
+// none), until count (if set) are printed, timeout (if set) passes or stop
+// closes; it returns how many it printed. Stopped, it still prints what
+// the ring already holds: an event of the moment before the Ctrl-C is not
+// lost.
+func monitorLoop(m model.MonitorSource, out io.Writer, names *serviceNames, typ, output string, count int, timeout time.Duration, stop <-chan struct{}) (int, error) {
 	var end time.Time
 	if timeout > 0 {
 		end = time.Now().Add(timeout)
@@ -141,24 +146,144 @@ func monitorLoop(m model.MonitorSource, out io.Writer, typ, output string, count
 			continue
 		}
 		n++
+		named := monitorEvent{ev, names.of(ev.Protocol, ev.Destination)}
 		if output == "json" {
-			if err := enc.Encode(ev); err != nil {
+			if err := enc.Encode(named); err != nil {
 				return n, err
 			}
 			continue
 		}
-		flags := ""
-		if ev.TCPFlags != "" {
-			flags = " [" + ev.TCPFlags + "]"
-		}
-		where := fmt.Sprintf("dev %s (%s) %d bytes", ev.Device, ev.Hook, ev.Length)
-		if ev.Hook == "socket" {
-			where = "(a host socket's connect or sendmsg)"
-		}
-		if _, err := fmt.Fprintf(out, "%s %-6s %-28s %s %s -> %s%s %s\n",
-			ev.Time.Format("15:04:05.000000"), ev.Type, ev.Reason, ev.Protocol, ev.Source, ev.Destination, flags, where); err != nil {
+		if err := printEvent(out, named); err != nil {
 			return n, err
 		}
 	}
 	return n, nil
+}
+
+// printEvent writes an event as a line of text: the Service, when named,
+// last, as xvs list prints it.
+func printEvent(out io.Writer, ev monitorEvent) error {
+	flags := ""
+	if ev.TCPFlags != "" {
+		flags = " [" + ev.TCPFlags + "]"
+	}
+	where := fmt.Sprintf("dev %s (%s) %d bytes", ev.Device, ev.Hook, ev.Length)
+	if ev.Hook == "socket" {
+		where = "(a host socket's connect or sendmsg)"
+	}
+	service := ""
+	if ev.Service != nil {
+		service = "  " + ev.Service.String()
+	}
+	_, err := fmt.Fprintf(out, "%s %-6s %-28s %s %s -> %s%s %s%s\n",
+		ev.Time.Format("15:04:05.000000"), ev.Type, ev.Reason, ev.Protocol, ev.Source, ev.Destination, flags, where, service)
+	return err
+}
+
+// monitorEvent is an event as xvs monitor prints it: the datapath's, with
+// the Service port it was sent to where the agent names one (the ring and
+// the NFLOG group carry addresses only). Service is an added field: the
+// JSON lines keep every field they had.
+type monitorEvent struct {
+	model.MonitorEvent
+	Service *maps.ServiceRef `json:"service,omitempty"`
+}
+
+// serviceNames names the destinations of events after the agent's
+// services file, as xvs list names frontends. A monitor runs for long
+// while the agent rewrites the file (by rename) as Services change, so it
+// looks at the file again at most once a second and reads it again when
+// it is another one. No file (no agent runs), or one this build cannot
+// read, names nothing: the events matter more than their names.
+type serviceNames struct {
+	path    string
+	checked time.Time
+	file    os.FileInfo // the file the names came from; nil: none
+	byFront map[frontendKey]*maps.ServiceRef
+	byAddr  map[netip.Addr]*maps.ServiceRef
+}
+
+type frontendKey struct {
+	proto string
+	addr  netip.AddrPort
+}
+
+// newServiceNames reads the names from path ("": the network namespace's
+// default file, where the agent publishes them).
+func newServiceNames(path string) *serviceNames {
+	if path == "" {
+		path = agent.DefaultServicesFile()
+	}
+	return &serviceNames{path: path}
+}
+
+// of is the Service port of the frontend proto dst. An address of one
+// Service's on a port it does not serve (reject_wrong_port) names that
+// Service, without a port.
+func (n *serviceNames) of(proto string, dst netip.AddrPort) *maps.ServiceRef {
+	if n == nil {
+		return nil
+	}
+	n.refresh(time.Now())
+	if ref, ok := n.byFront[frontendKey{proto, dst}]; ok {
+		return ref
+	}
+	return n.byAddr[dst.Addr()]
+}
+
+// refresh reads the file again if it changed since the last look, a
+// second or more ago.
+func (n *serviceNames) refresh(now time.Time) {
+	if now.Sub(n.checked) < time.Second {
+		return
+	}
+	n.checked = now
+	fi, err := os.Stat(n.path)
+	if err != nil {
+		n.file, n.byFront, n.byAddr = nil, nil, nil
+		return
+	}
+	if n.file != nil && os.SameFile(n.file, fi) && fi.ModTime().Equal(n.file.ModTime()) {
+		return
+	}
+	n.file = fi
+	f, err := agent.ReadServicesFile(n.path)
+	if err != nil {
+		slog.Warn("No Service names", "err", err) // once for each version of the file
+	}
+	n.byFront, n.byAddr = indexServices(f)
+}
+
+// indexServices maps each frontend to the Service port that owns it: the
+// first in the file's order, as both datapaths give a frontend two
+// Services claim to it (and as xvs list names it). It also maps each
+// address that one Service alone has frontends on to that Service; not a
+// NodePort's, since a node's address is every NodePort Service's.
+func indexServices(f *agent.ServicesFile) (map[frontendKey]*maps.ServiceRef, map[netip.Addr]*maps.ServiceRef) {
+	if f == nil {
+		return nil, nil
+	}
+	byFront := map[frontendKey]*maps.ServiceRef{}
+	byAddr := map[netip.Addr]*maps.ServiceRef{}
+	shared := map[netip.Addr]bool{}
+	for _, p := range f.Ports {
+		for _, fe := range p.Frontends {
+			k := frontendKey{p.Protocol, fe.Address}
+			if _, taken := byFront[k]; !taken {
+				byFront[k] = &maps.ServiceRef{Namespace: p.Namespace, Name: p.Name, Port: p.Port, Kind: fe.Kind}
+			}
+			a := fe.Address.Addr()
+			if fe.Kind == model.NodePort.String() || shared[a] {
+				continue
+			}
+			switch o, ok := byAddr[a]; {
+			case !ok:
+				byAddr[a] = &maps.ServiceRef{Namespace: p.Namespace, Name: p.Name, Kind: fe.Kind}
+			case o.Namespace != p.Namespace || o.Name != p.Name:
+				delete(byAddr, a)
+				shared[a] = true
+			}
+		}
+	}
+	return byFront, byAddr
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"net"
 	"net/netip"
@@ -15,10 +17,13 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/xvs-lb/xvs/agent"
 	xbpf "github.com/xvs-lb/xvs/bpf"
 	"github.com/xvs-lb/xvs/lab"
 	"github.com/xvs-lb/xvs/lab/harness"
+	"github.com/xvs-lb/xvs/maps"
 	"github.com/xvs-lb/xvs/model"
 )
 
@@ -83,8 +88,9 @@ func monitorEvents(t *testing.T, p *lab.Process, log string) ([]model.MonitorEve
 // refuses or drops, with the reason, the client's address and port as
 // sent, the frontend and the device: a port the ClusterIP does not have
 // (REJECT), an unallocated address of the service range (DROP), the
-// Service without endpoints (REJECT, TCP and UDP). Connections served meanwhile
-// give no event. Its exit turns the events off. A second monitor with a
+// Service without endpoints (REJECT, TCP and UDP), with the Service's
+// name where the agent publishes one. Connections served meanwhile give
+// no event. Its exit turns the events off. A second monitor with a
 // low rate, under a flood of dropped datagrams, gets no more than its
 // rate allows and reports the rest as suppressed.
 func TestPrivMonitor(t *testing.T) {
@@ -163,6 +169,35 @@ func TestPrivMonitor(t *testing.T) {
 	for _, ev := range evs {
 		if ev.Source == client(40000) {
 			t.Errorf("an event for the served connection: %+v", ev)
+		}
+	}
+	// The running agent's services file names the Service: the port of a
+	// frontend, the Service alone for a port its ClusterIP lacks.
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		reason  string
+		dst     netip.AddrPort
+		service string
+	}{
+		{"reject_no_endpoints", vip(80), `"service":{"namespace":"demo","name":"web","port":"http","kind":"ClusterIP"}`},
+		{"reject_wrong_port", vip(81), `"service":{"namespace":"demo","name":"web","port":"","kind":"ClusterIP"}`},
+		{"drop_unallocated_service_ip", unallocated, ""},
+	} {
+		found := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, `"reason":"`+want.reason+`"`) || !strings.Contains(line, `"destination":"`+want.dst.String()+`"`) {
+				continue
+			}
+			found = true
+			if want.service == "" && strings.Contains(line, `"service"`) || !strings.Contains(line, want.service) {
+				t.Errorf("%s -> %s: want %s in %s", want.reason, want.dst, cmp.Or(want.service, "no service"), line)
+			}
+		}
+		if !found {
+			t.Errorf("no %s event for %s in:\n%s", want.reason, want.dst, b)
 		}
 	}
 	if !strings.Contains(summary, "0 suppressed by the rate limit, 0 lost") {
@@ -312,4 +347,156 @@ func TestPrivIPVSMonitor(t *testing.T) {
 		t.Errorf("text output:\n%s", b)
 	}
 	t.Logf("xvs monitor (ipvs):\n%s", b)
+}
+
+// queuedEvents is a MonitorSource that hands out its events, then is
+// closed.
+type queuedEvents []model.MonitorEvent
+
+func (q *queuedEvents) Read(time.Time) (model.MonitorEvent, error) {
+	if len(*q) == 0 {
+		return model.MonitorEvent{}, ringbuf.ErrClosed
+	}
+	ev := (*q)[0]
+	*q = (*q)[1:]
+	return ev, nil
+}
+
+func (q *queuedEvents) Counts() (model.MonitorCounts, error) { return model.MonitorCounts{}, nil }
+func (q *queuedEvents) Close() error                         { return nil }
+
+// writeServicesFile publishes ports as the agent does: a new file renamed
+// over the old.
+func writeServicesFile(t *testing.T, path string, ports ...agent.PublishedPort) {
+	t.Helper()
+	b, err := json.Marshal(agent.ServicesFile{SchemaVersion: agent.ServicesFileSchema, Written: time.Now(), Ports: ports})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func publishedPort(ns, name, port, proto string, frontends ...agent.PublishedFrontend) agent.PublishedPort {
+	return agent.PublishedPort{Namespace: ns, Name: name, Port: port, Protocol: proto, Frontends: frontends, Endpoints: []agent.PublishedEndpoint{}}
+}
+
+// TestMonitorServiceNames: with the agent's services file, `xvs monitor`
+// names the Service port each event was sent to, in its text (last, as
+// xvs list prints it) and in an added JSON field `service`: a frontend
+// by its owner (the first port of the file that has it, as the datapath
+// gives it); an address of one Service's on a port it lacks
+// (reject_wrong_port) by that Service, without a port; neither a node's
+// address off its NodePorts nor an address two Services share. Without the file, or with one it cannot
+// read, the events come unnamed and nothing fails. A file the agent
+// rewrites is read again.
+func TestMonitorServiceNames(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "services.json")
+	fe := func(addr, kind string) agent.PublishedFrontend {
+		return agent.PublishedFrontend{Address: netip.MustParseAddrPort(addr), Kind: kind}
+	}
+	writeServicesFile(t, path,
+		publishedPort("demo", "web", "http", "TCP", fe("172.30.0.10:80", "ClusterIP"), fe("192.168.50.2:30080", "NodePort")),
+		publishedPort("demo", "web", "dns", "UDP", fe("172.30.0.10:53", "ClusterIP")),
+		publishedPort("demo", "also", "http", "TCP", fe("172.30.0.10:80", "ClusterIP"), fe("192.168.50.2:30081", "NodePort")),
+		publishedPort("demo", "solo", "http", "TCP", fe("172.30.0.12:80", "ClusterIP")),
+		publishedPort("shop", "a", "http", "TCP", fe("203.0.113.1:80", "LoadBalancer")),
+		publishedPort("shop", "b", "https", "TCP", fe("203.0.113.1:443", "LoadBalancer")),
+	)
+	event := func(reason, proto, dst string) model.MonitorEvent {
+		return model.MonitorEvent{Time: time.Now(), Type: strings.SplitN(reason, "_", 2)[0], Reason: reason, Protocol: proto,
+			Source: netip.MustParseAddrPort("192.0.2.10:40000"), Destination: netip.MustParseAddrPort(dst), Device: "ext1", Hook: "tc", Length: 74}
+	}
+	events := []model.MonitorEvent{
+		event("reject_no_endpoints", "TCP", "172.30.0.10:80"),
+		event("reject_wrong_port", "TCP", "172.30.0.12:81"),
+		event("reject_wrong_port", "TCP", "172.30.0.10:81"),
+		event("drop_no_local_endpoints", "TCP", "192.168.50.2:30080"),
+		event("drop_source_range", "TCP", "192.168.50.2:22"),
+		event("drop_unallocated_service_ip", "TCP", "172.30.0.99:80"),
+		event("reject_wrong_port", "TCP", "203.0.113.1:8443"),
+		event("reject_no_endpoints", "UDP", "172.30.0.10:53"),
+	}
+	want := []string{"demo/web:http ClusterIP", "demo/solo ClusterIP", "", "demo/web:http NodePort", "", "", "", "demo/web:dns ClusterIP"}
+	run := func(names *serviceNames, output string) string {
+		t.Helper()
+		q := queuedEvents(slices.Clone(events))
+		var out bytes.Buffer
+		n, err := monitorLoop(&q, &out, names, "", output, 0, 0, nil)
+		if err != nil || n != len(events) {
+			t.Fatalf("monitorLoop: %d events, %v; want %d", n, err, len(events))
+		}
+		return out.String()
+	}
+
+	lines := strings.Split(strings.TrimSpace(run(newServiceNames(path), "json")), "\n")
+	for i, line := range lines {
+		var got struct {
+			model.MonitorEvent
+			Service *maps.ServiceRef `json:"service"`
+		}
+		var plain model.MonitorEvent
+		if err := json.Unmarshal([]byte(line), &got); err != nil || json.Unmarshal([]byte(line), &plain) != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if plain.Reason != events[i].Reason || plain.Destination != events[i].Destination || plain.Device != "ext1" || plain.Length != 74 {
+			t.Errorf("line %q: the event's own fields changed: %+v", line, plain)
+		}
+		name := ""
+		if got.Service != nil {
+			name = got.Service.String() + " " + got.Service.Kind
+		}
+		if name != want[i] {
+			t.Errorf("%s -> %s: service %q, want %q (%s)", events[i].Reason, events[i].Destination, name, want[i], line)
+		}
+		if want[i] == "" && strings.Contains(line, `"service"`) {
+			t.Errorf("an unnamed event has a service field: %s", line)
+		}
+	}
+
+	lines = strings.Split(strings.TrimSpace(run(newServiceNames(path), "text")), "\n")
+	for i, line := range lines {
+		name, _, _ := strings.Cut(want[i], " ")
+		if !strings.Contains(line, events[i].Destination.String()+" dev ext1 (tc) 74 bytes") ||
+			name != "" && !strings.HasSuffix(line, "bytes  "+name) || name == "" && !strings.HasSuffix(line, "bytes") {
+			t.Errorf("text line %q: want the event, then %q", line, name)
+		}
+	}
+
+	// No file, or one of a layout this build does not read: no names.
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"schemaVersion": "xvs.services/v9"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "none.json"), bad} {
+		if out := run(newServiceNames(p), "json"); strings.Contains(out, `"service"`) {
+			t.Errorf("names from %s:\n%s", p, out)
+		}
+	}
+
+	// The agent rewrites the file: the next look, a second on, reads it.
+	names := newServiceNames(path)
+	if ref := names.of("TCP", netip.MustParseAddrPort("172.30.0.11:80")); ref != nil {
+		t.Fatalf("172.30.0.11:80 named %v before any Service has it", ref)
+	}
+	writeServicesFile(t, path, publishedPort("demo", "new", "http", "TCP", fe("172.30.0.11:80", "ClusterIP")))
+	if ref := names.of("TCP", netip.MustParseAddrPort("172.30.0.11:80")); ref != nil {
+		t.Errorf("the file read again within the second: %v", ref)
+	}
+	names.checked = names.checked.Add(-time.Second)
+	if ref := names.of("TCP", netip.MustParseAddrPort("172.30.0.11:80")); ref == nil || ref.String() != "demo/new:http" {
+		t.Errorf("172.30.0.11:80 after the rewrite: %v, want demo/new:http", ref)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	names.checked = names.checked.Add(-time.Second)
+	if ref := names.of("TCP", netip.MustParseAddrPort("172.30.0.11:80")); ref != nil {
+		t.Errorf("named %v after the agent removed the file", ref)
+	}
 }
