@@ -224,19 +224,38 @@ func adjustOOMScore(log *slog.Logger, v int32) {
 }
 
 // setMemoryLimit gives the Go garbage collector a soft limit of 90% of the
-// container's memory limit (cgroup memory.max), so that a large cluster's
-// full sync collects harder instead of being OOM-killed. GOMEMLIMIT (or
+// container's memory limit (cgroup memory.max) less reserved, so that a
+// large cluster's full sync collects harder instead of being OOM-killed.
+// reserved is the kernel memory of the BPF maps the agent created, which
+// the kernel charges to the same cgroup (Linux 5.11 and later): a Go heap
+// allowed the whole limit would leave the maps no room. GOMEMLIMIT (or
 // AUTOMEMLIMIT=off) in the environment takes precedence; without a limit
 // it changes nothing.
-func setMemoryLimit(log *slog.Logger) {
-	limit, err := memlimit.Set(memlimit.WithProvider(memlimit.FromCgroup), memlimit.WithRatio(0.9))
+func setMemoryLimit(log *slog.Logger, reserved uint64) {
+	limit, err := memlimit.Set(memlimit.WithProvider(beside(memlimit.FromCgroup, reserved)), memlimit.WithRatio(0.9))
 	switch {
 	case errors.Is(err, memlimit.ErrNoLimit) || (err == nil && limit == math.MaxInt64):
 		log.Debug("No memory limit: the Go garbage collector runs with its defaults")
 	case err != nil:
-		log.Warn("Cannot read the container's memory limit; the Go garbage collector runs with its defaults", "err", err)
+		log.Warn("Cannot set the Go memory limit from the container's; the Go garbage collector runs with its defaults", "err", err)
 	default:
-		log.Info("Go memory limit set from the container's", "bytes", limit)
+		log.Info("Go memory limit set from the container's", "bytes", limit, "bpfMapBytes", reserved)
+	}
+}
+
+// beside is the memory limit provider p less reserved bytes. A limit
+// that reserved fills (or nearly: less than 64 MiB left) is an error, not
+// a soft limit the collector could never meet.
+func beside(p memlimit.Provider, reserved uint64) memlimit.Provider {
+	return func() (uint64, error) {
+		limit, err := p()
+		if err != nil || reserved == 0 || limit == math.MaxInt64 {
+			return limit, err
+		}
+		if limit < reserved+64<<20 {
+			return 0, fmt.Errorf("the container's memory limit (%d MiB) barely holds the BPF maps (%d MiB): raise it, or lower the --bpf-* sizes", limit>>20, reserved>>20)
+		}
+		return limit - reserved, nil
 	}
 }
 
@@ -273,7 +292,7 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 		return nil, err
 	}
 	adjustOOMScore(log, *c.OOMScoreAdj)
-	setMemoryLimit(log)
+	setMemoryLimit(log, 0)
 	if err := applyConntrackSysctls(log, "/proc/sys", c.Conntrack); err != nil {
 		// kube-proxy fails here only for nf_conntrack_max it cannot
 		// raise; xvs serves on, as its own conntrack does not need them.
@@ -308,6 +327,9 @@ func New(ctx context.Context, log *slog.Logger, o *Options) (_ *Agent, err error
 		return nil, err
 	}
 	a.closers = append(a.closers, a.active.close)
+	if a.active.objs != nil {
+		setMemoryLimit(log, a.active.objs.MapMemory())
+	}
 	if err := a.registerDatapathMetrics(); err != nil {
 		return nil, err
 	}

@@ -2,12 +2,14 @@ package agent
 
 import (
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/pflag"
 	"github.com/xvs-lb/xvs/loader"
 )
@@ -129,5 +131,25 @@ current-context: x
 	if rc.Host != "https://198.51.100.1:6443" || rc.BearerToken != "t" || rc.QPS != 5 || rc.Burst != 10 ||
 		rc.ContentType != "application/vnd.kubernetes.protobuf" {
 		t.Fatalf("rest config: host %s token %q qps %v burst %d content %s", rc.Host, rc.BearerToken, rc.QPS, rc.Burst, rc.ContentType)
+	}
+}
+
+// TestMemoryLimitBesideMaps: the Go heap's soft limit is taken from what
+// the container's limit leaves beside the BPF maps, which the kernel
+// charges to the same cgroup; a limit the maps (nearly) fill is an error,
+// and no limit stays no limit.
+func TestMemoryLimitBesideMaps(t *testing.T) {
+	fixed := func(n uint64) memlimit.Provider { return func() (uint64, error) { return n, nil } }
+	if got, err := beside(fixed(1<<30), 161<<20)(); err != nil || got != 1<<30-161<<20 {
+		t.Fatalf("1 GiB beside 161 MiB of maps: %d, %v", got, err)
+	}
+	if got, err := beside(fixed(1<<30), 0)(); err != nil || got != 1<<30 {
+		t.Fatalf("no maps: %d, %v", got, err)
+	}
+	if _, err := beside(fixed(200<<20), 161<<20)(); err == nil {
+		t.Fatal("a 200 MiB limit beside 161 MiB of maps accepted")
+	}
+	if got, err := beside(fixed(math.MaxInt64), 161<<20)(); err != nil || got != math.MaxInt64 {
+		t.Fatalf("no limit: %d, %v", got, err)
 	}
 }

@@ -218,6 +218,11 @@ func TestDaemonSetShape(t *testing.T) {
 	probe := func(pr *corev1.Probe, path string) bool {
 		return pr != nil && pr.HTTPGet != nil && pr.HTTPGet.Path == path && pr.HTTPGet.Port.IntValue() == 10256
 	}
+	// A memory limit that holds the maps at their default sizes (161 MiB)
+	// and a Go heap beside them; requests under it.
+	limit, request := c.Resources.Limits.Memory(), c.Resources.Requests.Memory()
+	check(limit.Value() >= 512<<20, "a memory limit of at least 512Mi (the BPF maps are charged to the container)")
+	check(request.Value() > 0 && request.Cmp(*limit) <= 0, "a memory request within the limit")
 	check(probe(c.LivenessProbe, "/livez"), "liveness /livez on 10256")
 	check(probe(c.ReadinessProbe, "/readyz"), "readiness /readyz on 10256")
 
