@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
@@ -479,7 +480,31 @@ func (a *Agent) attach(ctx context.Context) error {
 	for _, e := range errs {
 		report(loader.Attachment{}, e)
 	}
+	a.syncer.health.AddBehind(devicesBehind(a.log, a.active.objs.DeviceBacklog))
 	return nil
+}
+
+// devicesBehind is the device watch's part of the proxy's health: since
+// when the longest-waiting new device has waited for the programs. It says
+// so in the log when devices start and stop waiting longer than a few
+// seconds.
+func devicesBehind(log *slog.Logger, backlog func() (int, time.Time)) func() time.Time {
+	var mu sync.Mutex
+	warned := false
+	return func() time.Time {
+		n, since := backlog()
+		mu.Lock()
+		defer mu.Unlock()
+		switch late := !since.IsZero() && time.Since(since) > 5*time.Second; {
+		case late && !warned:
+			log.Warn("New devices wait for the programs; pods behind them reach no Service yet", "devices", n, "since", since)
+			warned = true
+		case !late && warned:
+			log.Info("Every device has the programs again")
+			warned = false
+		}
+		return since
+	}
 }
 
 // attachReporter logs each attachment and each failure, and counts the

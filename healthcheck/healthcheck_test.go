@@ -224,3 +224,31 @@ func TestServiceHealth(t *testing.T) {
 		t.Fatalf("ports %v", p)
 	}
 }
+
+// TestProxyHealthBehind: work besides the syncs that waits past the
+// timeout (devices waiting for the programs) fails /livez and /healthz,
+// and they recover once it is done.
+func TestProxyHealthBehind(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h := NewProxyHealth(time.Minute, Counters{})
+	h.now = clk.now
+	var since time.Time
+	h.AddBehind(func() time.Time { return since })
+	srv := h.Handler()
+	expect := func(step string, want int) {
+		t.Helper()
+		for _, path := range []string{"/livez", "/healthz"} {
+			if code, _, _ := get(t, srv, path); code != want {
+				t.Errorf("%s: %s %d, want %d", step, path, code, want)
+			}
+		}
+	}
+	expect("nothing waits", 200)
+	since = clk.t
+	clk.t = clk.t.Add(59 * time.Second)
+	expect("a device waits 59 s", 200)
+	clk.t = clk.t.Add(time.Second)
+	expect("a device waits a minute", 503)
+	since = time.Time{}
+	expect("attached", 200)
+}

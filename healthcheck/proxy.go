@@ -44,6 +44,20 @@ type ProxyHealth struct {
 	oldestQueued time.Time
 	nodeEligible bool
 	families     []string
+	// behind are other ways the proxy falls behind (devices waiting for
+	// the programs): each returns the time since when, zero when it keeps
+	// up.
+	behind []func() time.Time
+}
+
+// AddBehind adds a way the proxy can fall behind besides its syncs: f
+// returns since when the oldest piece of work has waited (zero when none
+// waits), and the proxy is unhealthy, /livez and /healthz with it, when
+// that is longer than the health timeout.
+func (h *ProxyHealth) AddBehind(f func() time.Time) {
+	h.mu.Lock()
+	h.behind = append(h.behind, f)
+	h.mu.Unlock()
 }
 
 // NewProxyHealth returns a tracker; kube-proxy uses twice syncPeriod as the
@@ -105,10 +119,17 @@ func (h *ProxyHealth) IsHealthy() bool {
 func (h *ProxyHealth) health() (bool, time.Time) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if h.oldestQueued.IsZero() || h.now().Sub(h.oldestQueued) < h.timeout {
-		return true, h.lastUpdated
+	now := h.now()
+	late := func(since time.Time) bool { return !since.IsZero() && now.Sub(since) >= h.timeout }
+	if late(h.oldestQueued) {
+		return false, h.lastUpdated
 	}
-	return false, h.lastUpdated
+	for _, f := range h.behind {
+		if late(f()) {
+			return false, h.lastUpdated
+		}
+	}
+	return true, h.lastUpdated
 }
 
 // Handler serves /healthz and /livez.

@@ -129,6 +129,9 @@ type Objects struct {
 	// those done (regrow.go).
 	regrowing   []*regrowing
 	mapsResized []MapResize
+	// watch is WatchDevices' watch, for DeviceBacklog.
+	watchMu sync.Mutex
+	watch   *deviceWatch
 }
 
 // Close releases the objects (the pinned ones stay pinned).
