@@ -61,7 +61,9 @@ type Options struct {
 	MaxFrontendsPerService int
 	// FirstSyncMaxRemoved is --first-sync-max-removed.
 	FirstSyncMaxRemoved float64
-	DisableRevNATDbg    bool
+	// AllowExternalIPsInServiceCIDRs is --allow-external-ips-in-service-cidrs.
+	AllowExternalIPsInServiceCIDRs bool
+	DisableRevNATDbg               bool
 
 	// flagConfig is what the configuration flags say, kube-proxy's
 	// defaults included; Complete uses it without --config.
@@ -187,6 +189,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ServiceProxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones)")
 	fs.Float64Var(&o.FirstSyncMaxRemoved, "first-sync-max-removed", 0.5, "a restarted agent's first sync that would remove more than this share of the frontends programmed before (0 to 1; 1: any share) waits for a second, direct list of the API server to agree")
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", controller.DefaultMaxFrontendsPerService, "refuse a Service whose ports on all its addresses (ClusterIPs, NodePort addresses, externalIPs, LB IPs) make more frontends than this, so one Service cannot fill the maps every Service shares (0: no limit)")
+	fs.BoolVar(&o.AllowExternalIPsInServiceCIDRs, "allow-external-ips-in-service-cidrs", false, "serve externalIPs inside the service CIDRs (--service-cluster-ip-range and ServiceCIDR objects), where the API server allocates ClusterIPs; refused by default, with a Warning Event on the Service, so that a Service cannot claim another Service's address (CVE-2020-8554)")
 	if debugSwitches {
 		fs.BoolVar(&o.DisableRevNATDbg, "debug-disable-rev-nat", false, "fault injection for conformance tests: skip reverse NAT")
 	}
@@ -374,6 +377,8 @@ func (o *Options) ControllerConfig() (controller.Config, error) {
 		MasqueradeAll:          c.IPTables.MasqueradeAll,
 		ServiceProxyName:       o.ServiceProxyName,
 		MaxFrontendsPerService: o.MaxFrontendsPerService,
+
+		AllowExternalIPsInServiceCIDRs: o.AllowExternalIPsInServiceCIDRs,
 	}
 	if o.MaxFrontendsPerService < 0 {
 		return cc, fmt.Errorf("--max-frontends-per-service %d: want 0 (no limit) or more", o.MaxFrontendsPerService)

@@ -75,6 +75,12 @@ type Config struct {
 	// refused whole, so that one tenant's Service cannot fill the maps
 	// (or IPVS's tables) that every other Service needs. 0: no limit.
 	MaxFrontendsPerService int
+	// AllowExternalIPsInServiceCIDRs serves externalIPs inside the service
+	// CIDRs (ServiceCIDRs and ServiceCIDR objects), which are refused
+	// otherwise: the API server allocates ClusterIPs there, so such an
+	// externalIP is either a mistake or a claim on another Service's
+	// address (CVE-2020-8554).
+	AllowExternalIPsInServiceCIDRs bool
 }
 
 // DefaultMaxFrontendsPerService is the agent's default

@@ -18,13 +18,16 @@ type env struct {
 	cfg           *Config
 	node          model.Node
 	nodePortAddrs []netip.Addr
+	// serviceCIDRs are the ranges ClusterIPs come from: the configured
+	// ones, and the Tracker's ServiceCIDR objects.
+	serviceCIDRs []netip.Prefix
 }
 
 // newEnv resolves the node view. node may be nil (not yet known, or the
 // file source has none): then addresses come from cfg.NodeAddresses and
 // there is no zone, which disables zone topology filtering.
 func newEnv(cfg *Config, node *v1.Node) (*env, []Problem) {
-	e := &env{cfg: cfg, node: model.Node{Name: cfg.NodeName}}
+	e := &env{cfg: cfg, node: model.Node{Name: cfg.NodeName}, serviceCIDRs: cfg.ServiceCIDRs}
 	sel, probs := cfg.nodePortSelector()
 	if node != nil && cfg.NodeName != "" && node.Name != cfg.NodeName {
 		probs = append(probs, Problem{Kind: "Node", Object: node.Name,

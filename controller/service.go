@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -23,7 +24,7 @@ func (e *env) parseService(svc *Service) (*svcInfo, []Problem) {
 	if !info.parseClusterIPs(svc, report) {
 		return nil, probs
 	}
-	info.parseExternalAddrs(svc, report)
+	info.parseExternalAddrs(svc, e.refusedExternalIP, report)
 
 	var reason string
 	if info.affinity, reason = affinity(svc); reason != "" {
@@ -101,16 +102,37 @@ func (info *svcInfo) parseClusterIPs(svc *Service, report reportFunc) bool {
 	return true
 }
 
+// refusedExternalIP says why an externalIP is not served ("" when it is):
+// inside a service CIDR, unless the configuration allows it.
+func (e *env) refusedExternalIP(a netip.Addr) string {
+	if e.cfg.AllowExternalIPsInServiceCIDRs {
+		return ""
+	}
+	for _, p := range e.serviceCIDRs {
+		if p.Contains(a) {
+			return fmt.Sprintf("inside the service CIDR %s, where the API server allocates ClusterIPs: not served "+
+				"(the agent's --allow-external-ips-in-service-cidrs serves it)", p)
+		}
+	}
+	return ""
+}
+
 // parseExternalAddrs fills externalIPs, lbIPs and sourceRanges. Addresses
 // of a family the Service has no ClusterIP in are later ignored silently,
 // as kube-proxy does: that is normal while a Service changes families.
-func (info *svcInfo) parseExternalAddrs(svc *Service, report reportFunc) {
+// An externalIP refused says why it is not served.
+func (info *svcInfo) parseExternalAddrs(svc *Service, refused func(netip.Addr) string, report reportFunc) {
 	for _, s := range svc.Spec.ExternalIPs {
-		if a, err := parseAddr(s); err != nil {
+		a, err := parseAddr(s)
+		if err != nil {
 			report("externalIPs: %v: ignored", err)
-		} else {
-			info.externalIPs[familyIndex(a)] = append(info.externalIPs[familyIndex(a)], a)
+			continue
 		}
+		if why := refused(a); why != "" {
+			report("externalIPs: %s is %s", a, why)
+			continue
+		}
+		info.externalIPs[familyIndex(a)] = append(info.externalIPs[familyIndex(a)], a)
 	}
 	for _, ing := range svc.LoadBalancer {
 		// ipMode Proxy: the load balancer delivers to the node with its own

@@ -87,6 +87,14 @@ func (t *Tracker) recomputeServiceCIDRs() bool {
 	}
 	t.serviceCIDRs = next
 	t.cidrsChanged = true
+	// Whether an externalIP is served depends on the ranges.
+	if !t.cfg.AllowExternalIPsInServiceCIDRs {
+		for k, svc := range t.services {
+			if len(svc.Spec.ExternalIPs) > 0 {
+				t.dirty[k] = true
+			}
+		}
+	}
 	return true
 }
 

@@ -6,8 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/xvs-lb/xvs/model"
 )
 
 func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
@@ -135,5 +138,88 @@ spec:
 	}
 	if got := tr.Build().State.ServiceCIDRs; len(got) != 0 {
 		t.Fatalf("ranges after removal %v", got)
+	}
+}
+
+// externalFrontends lists a State's ExternalIP frontends of Service svc.
+func externalFrontends(st *model.State, svc string) []string {
+	var out []string
+	if sp := portOf(st, svc); sp != nil {
+		for _, f := range sp.Frontends {
+			if f.Kind == model.ExternalIP {
+				out = append(out, f.Addr.String())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func mentions(probs []Problem, what string) bool {
+	return slices.ContainsFunc(probs, func(p Problem) bool { return strings.Contains(p.Reason, what) })
+}
+
+// An externalIP inside a service CIDR (where the API server allocates
+// ClusterIPs: a claim on a Service's address, CVE-2020-8554) is refused
+// and reported, the Service's other externalIPs served; the agent's flag
+// allows it. The Tracker refuses the same when a ServiceCIDR object
+// covers the address, lets it go when the object goes, and agrees with
+// Translate over the same ranges.
+func TestExternalIPsInServiceCIDRs(t *testing.T) {
+	tenant := newSvc("tenant", clusterIPs("10.96.0.77"), externalIPs("10.96.0.10", "10.100.0.5", "198.51.100.9"))
+	cfg := testConfig()
+	cfg.ServiceCIDRs = prefixes("10.96.0.0/16")
+	st, probs := Translate(cfg, []*v1.Service{tenant}, nil, nil)
+	if got := externalFrontends(st, "tenant"); !slices.Equal(got, []string{"10.100.0.5", "198.51.100.9"}) {
+		t.Fatalf("served externalIPs %v, want 10.100.0.5 and 198.51.100.9", got)
+	}
+	if !mentions(probs, "externalIPs: 10.96.0.10 is inside the service CIDR 10.96.0.0/16") {
+		t.Fatalf("no problem reported for 10.96.0.10: %v", probs)
+	}
+	cfg.AllowExternalIPsInServiceCIDRs = true
+	if st, _ := Translate(cfg, []*v1.Service{tenant}, nil, nil); len(externalFrontends(st, "tenant")) != 3 {
+		t.Fatalf("allowed: served %v, want all three", externalFrontends(st, "tenant"))
+	}
+
+	cfg.AllowExternalIPsInServiceCIDRs = false
+	tr, err := NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.OnServiceAdd(NewService(tenant))
+	tr.OnServiceAdd(NewService(newSvc("other", clusterIPs("10.96.0.78"))))
+	first := tr.Build()
+	other := portOf(first.State, "other")
+	steps := []struct {
+		name   string
+		call   func() bool
+		ranges []string
+		want   []string
+	}{
+		{"a ServiceCIDR over 10.100.0.0/24", func() bool { return tr.OnServiceCIDRAdd(serviceCIDR("extra", "10.100.0.0/24")) },
+			[]string{"10.96.0.0/16", "10.100.0.0/24"}, []string{"198.51.100.9"}},
+		{"the ServiceCIDR gone", func() bool { return tr.OnServiceCIDRDelete(serviceCIDR("extra")) },
+			[]string{"10.96.0.0/16"}, []string{"10.100.0.5", "198.51.100.9"}},
+	}
+	for _, s := range steps {
+		if !s.call() {
+			t.Fatalf("%s: no change", s.name)
+		}
+		res := tr.Build()
+		if got := externalFrontends(res.State, "tenant"); !slices.Equal(got, s.want) {
+			t.Fatalf("%s: served externalIPs %v, want %v", s.name, got, s.want)
+		}
+		if portOf(res.State, "other") != other {
+			t.Fatalf("%s: a Service without externalIPs was rebuilt", s.name)
+		}
+		tcfg := cfg
+		tcfg.ServiceCIDRs = prefixes(s.ranges...)
+		want, _ := Translate(tcfg, []*v1.Service{tenant}, nil, nil)
+		if got := externalFrontends(want, "tenant"); !slices.Equal(got, s.want) {
+			t.Fatalf("%s: Translate serves %v, the Tracker %v", s.name, got, s.want)
+		}
+	}
+	if !mentions(tr.Build().Problems, "10.96.0.10 is inside the service CIDR") {
+		t.Fatal("the Tracker does not report the refused externalIP")
 	}
 }

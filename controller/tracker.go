@@ -323,6 +323,7 @@ func (t *Tracker) Build() Sync {
 			t.dirty[k] = true
 		}
 	}
+	t.env.serviceCIDRs = t.serviceCIDRs
 	var changed []model.ServicePortName
 	touched := make(map[frontendKey]bool)
 	for k := range t.dirty {

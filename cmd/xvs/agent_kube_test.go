@@ -631,6 +631,12 @@ type eventSummary struct{ Type, Note string }
 // kind/name, from the xvs reporting controller.
 func waitEvent(t *testing.T, w *kubeWorld, kind, name, reason string) eventSummary {
 	t.Helper()
+	return waitEventNote(t, w, kind, name, reason, "")
+}
+
+// waitEventNote is waitEvent for an Event whose note contains note.
+func waitEventNote(t *testing.T, w *kubeWorld, kind, name, reason, note string) eventSummary {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		list, err := w.client.EventsV1().Events("").List(w.ctx, metav1.ListOptions{})
@@ -638,13 +644,14 @@ func waitEvent(t *testing.T, w *kubeWorld, kind, name, reason string) eventSumma
 			t.Fatal(err)
 		}
 		for _, e := range list.Items {
-			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.ReportingController == "xvs" {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason && e.ReportingController == "xvs" &&
+				strings.Contains(e.Note, note) {
 				t.Logf("%s event on %s/%s: %s %q (action %s, instance %s)", reason, kind, name, e.Type, e.Note, e.Action, e.ReportingInstance)
 				return eventSummary{e.Type, e.Note}
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s Event on %s %s among %d events", reason, kind, name, len(list.Items))
+			t.Fatalf("no %s Event on %s %s saying %q among %d events", reason, kind, name, note, len(list.Items))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -887,10 +894,13 @@ func TestPrivKubeFirstSyncGuard(t *testing.T) {
 // TestPrivKubeContestedAddress: a tenant's Service (first by name, and
 // older than nothing it competes with but the ClusterIP) that lists
 // another Service's ClusterIP among its externalIPs takes nothing: the
-// address keeps its three backends while the agent runs and after it
-// restarts (a full sync, which gave it to the first name before), the
-// tenant's Service gets a Warning Event saying who keeps the address, and
-// the owner is still reached through it by real traffic.
+// address keeps its three backends and the owner is still reached through
+// it by real traffic. By default the externalIP is refused for being in
+// the API server's ServiceCIDR, with a Warning Event saying so; an agent
+// started with --allow-external-ips-in-service-cidrs (a full sync, which
+// gave the address to the first name before the collision rule) serves
+// the externalIP but keeps the address for its owner, and the tenant's
+// Service gets a Warning Event saying who keeps it.
 func TestPrivKubeContestedAddress(t *testing.T) {
 	w := newKubeWorld(t)
 	w.startKubeAgent(t)
@@ -900,8 +910,8 @@ func TestPrivKubeContestedAddress(t *testing.T) {
 	w.create(t, thief)
 	w.create(t, webSlice("aaa-thief", "aaa-thief-1", harness.DemoPodIPs[:1], "node"))
 	w.waitBackends(t, netip.MustParseAddr("172.30.0.20"), 80, 1, 10*time.Second)
-	ev := waitEvent(t, w, "Service", "aaa-thief", "XvsInvalidInput")
-	if ev.Type != v1.EventTypeWarning || !strings.Contains(ev.Note, "ExternalIP "+harness.DemoVIP.String()+":") || !strings.Contains(ev.Note, "demo/web (ClusterIP), which keeps it") {
+	if ev := waitEventNote(t, w, "Service", "aaa-thief", "XvsInvalidInput", "inside the service CIDR"); ev.Type != v1.EventTypeWarning ||
+		!strings.Contains(ev.Note, harness.DemoVIP.String()) {
 		t.Errorf("the tenant's Event: %s %q", ev.Type, ev.Note)
 	}
 	check := func(when string) {
@@ -920,8 +930,12 @@ func TestPrivKubeContestedAddress(t *testing.T) {
 	if err := w.Agent.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	w.startKubeAgent(t)
+	w.startKubeAgent(t, "--allow-external-ips-in-service-cidrs")
 	w.waitBackends(t, netip.MustParseAddr("172.30.0.20"), 80, 1, 60*time.Second)
 	time.Sleep(time.Second) // the first full sync is done: nothing changes after it
-	check("after a restart")
+	check("after a restart that allows externalIPs in the service CIDRs")
+	if ev := waitEventNote(t, w, "Service", "aaa-thief", "XvsInvalidInput", "which keeps it"); ev.Type != v1.EventTypeWarning ||
+		!strings.Contains(ev.Note, "ExternalIP "+harness.DemoVIP.String()+":") || !strings.Contains(ev.Note, "demo/web (ClusterIP), which keeps it") {
+		t.Errorf("the tenant's Event: %s %q", ev.Type, ev.Note)
+	}
 }
