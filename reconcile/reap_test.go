@@ -42,6 +42,24 @@ func fillFlows(t testing.TB, m *maps.Maps, base byte, n int, expires uint64) []x
 	return keys
 }
 
+// reapClock is the kernel's monotonic time now, and the grace a test
+// reaps with. The clock starts at boot: a freshly booted VM may not yet be
+// two graces old, and "expired two graces ago" would wrap around to the
+// far future (a live flow), so the grace is shortened to fit the time
+// since boot instead.
+func reapClock(t testing.TB) (uint64, time.Duration) {
+	t.Helper()
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	grace := ReapGrace
+	if now < uint64(4*grace) {
+		grace = time.Duration(now / 4)
+	}
+	return now, grace
+}
+
 // TestPrivWalkBatched: the batched walk sees every entry once, as the
 // per-key iterator does, across many batches.
 func TestPrivWalkBatched(t *testing.T) {
@@ -74,18 +92,7 @@ func TestPrivWalkBatched(t *testing.T) {
 // is gone, and keeps a masqueraded flow's reply entry.
 func TestPrivReapLiveAndDead(t *testing.T) {
 	m, dp, _ := datapathForTest(t)
-	now, err := maps.MonotonicNow()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The clock is the kernel's monotonic one, which starts at boot: a
-	// freshly booted VM may not yet be two graces old, and "expired two
-	// graces ago" would wrap around to the far future (a live flow). The
-	// grace is shortened to fit the time since boot instead.
-	grace := ReapGrace
-	if now < uint64(4*grace) {
-		grace = time.Duration(now / 4)
-	}
+	now, grace := reapClock(t)
 	live := fillFlows(t, m, 1, 5000, now+uint64(time.Hour))
 	dead := fillFlows(t, m, 2, 7000, now-uint64(2*grace))
 	// Expired, but within the grace: left alone.
@@ -174,14 +181,7 @@ func BenchmarkPrivReap(b *testing.B) {
 // deletes it by key deletes the new flow and releases the count twice.
 func TestPrivReapTakesWhatItChecked(t *testing.T) {
 	m, dp, _ := datapathForTest(t)
-	now, err := maps.MonotonicNow()
-	if err != nil {
-		t.Fatal(err)
-	}
-	grace := ReapGrace
-	if now < uint64(4*grace) {
-		grace = time.Duration(now / 4)
-	}
+	now, grace := reapClock(t)
 	held := uint32(xbpf.XvsXvsCtFlagsXVS_CT_F_HELD)
 	dead := fillFlows(t, m, 4, 2, now-uint64(2*grace))
 	for _, k := range dead {
