@@ -97,6 +97,9 @@ func TestPrivPacketFuzz(t *testing.T) {
 		}
 		w.onForward = g.translated
 		msg := w.check("tc", ret, in, out, &tcStats)
+		if msg == "" {
+			msg = w.checkDecision(ret, in, out, &tcStats)
+		}
 		w.onForward = nil
 		if msg != "" {
 			t.Fatalf("packet %d (%s): tc: %s\n in %x\nout %x", i, note, msg, in, out)
@@ -116,7 +119,7 @@ func TestPrivPacketFuzz(t *testing.T) {
 	t.Logf("%d cut frames the kernel refused to run", refused)
 	t.Logf("tc:  %s", tcStats)
 	t.Logf("XDP: %s", xdpStats)
-	if tcStats.forward == 0 || tcStats.reverse == 0 || tcStats.masq == 0 || tcStats.reject == 0 || tcStats.drop == 0 || tcStats.malformed == 0 {
+	if tcStats.forward == 0 || tcStats.reverse == 0 || tcStats.masq == 0 || tcStats.reject == 0 || tcStats.drop == 0 || tcStats.malformed == 0 || tcStats.decided == 0 {
 		t.Errorf("the generator did not reach every outcome: %s", tcStats)
 	}
 }
@@ -124,13 +127,15 @@ func TestPrivPacketFuzz(t *testing.T) {
 type fuzzStats struct {
 	untouched, forward, masq, reverse, reject, drop, malformed, corrupt int
 	malformedTranslated                                                 int
+	// decided: packets the reference decision judged (checkDecision).
+	decided int
 	// ICMP and ICMPv6 errors whose quote was translated back.
 	icmpErrors int
 }
 
 func (s fuzzStats) String() string {
-	return fmt.Sprintf("%d passed untouched, %d translated to a backend (%d of them masqueraded), %d reverse-translated (%d of them ICMP errors), %d answered (REJECT), %d dropped; %d malformed inputs, %d inputs with a bad checksum",
-		s.untouched, s.forward, s.masq, s.reverse, s.icmpErrors, s.reject, s.drop, s.malformed, s.corrupt)
+	return fmt.Sprintf("%d passed untouched, %d translated to a backend (%d of them masqueraded), %d reverse-translated (%d of them ICMP errors), %d answered (REJECT), %d dropped; %d malformed inputs, %d inputs with a bad checksum; %d judged by the reference decision",
+		s.untouched, s.forward, s.masq, s.reverse, s.icmpErrors, s.reject, s.drop, s.malformed, s.corrupt, s.decided)
 }
 
 type fkey struct {
@@ -404,6 +409,75 @@ func withExt6(q []byte, frag bool) []byte {
 	return out
 }
 
+// decision is the reference decision for a packet whose fate the State
+// alone decides, whatever flows came before: the first packet of a
+// connection (a TCP segment with SYN only, or a UDP datagram), whole,
+// unfragmented, with valid checksums and ports, to an address of the
+// service ranges or a ClusterIP, from a source that is no backend (a
+// backend's packet may be a reply to a flow whose client sent from a
+// ClusterIP's address). To a frontend with endpoints it is
+// translated (a flow of that tuple already open goes on to its backend,
+// which is a translation too); to a frontend without any, or to a port a
+// live ClusterIP does not serve, it is refused (REJECT); to an address of
+// the service range no Service has, dropped (SEMANTICS 3.2, 3.12, 3.14).
+// "" is no reference: anything else depends on flows, policies or the
+// node. For tc only: XDP leaves ClusterIP traffic to tc.
+func (w *fuzzWorld) decision(din fuzzPacket) string {
+	if !din.sumsOK || din.firstFrag || din.laterFrag || !din.portsOK || din.src.Port() == 0 || din.dst.Port() == 0 || w.backendIP[din.src.Addr()] ||
+		!(din.proto == layers.IPProtocolTCP && din.synOnly || din.proto == layers.IPProtocolUDP) {
+		return ""
+	}
+	k := fkey{din.proto, din.dst}
+	clusterIP := false
+	for _, sp := range w.services {
+		for _, f := range sp.Frontends {
+			if f.Kind != model.ClusterIP || f.Addr != din.dst.Addr() {
+				continue
+			}
+			clusterIP = true
+			if ipProto(f.Proto) == din.proto && f.Port == din.dst.Port() {
+				if len(w.backends[k]) > 0 {
+					return "translate"
+				}
+				return "reject"
+			}
+		}
+	}
+	switch {
+	case clusterIP:
+		return "reject"
+	case svcNet.Contains(din.dst.Addr()) && !w.frontIP[din.dst.Addr()]:
+		return "drop"
+	}
+	return ""
+}
+
+// checkDecision compares a tc outcome with the reference decision.
+func (w *fuzzWorld) checkDecision(ret uint32, in, out []byte, s *fuzzStats) string {
+	din, ok := parseFuzz(in)
+	if !ok {
+		return ""
+	}
+	want := w.decision(din)
+	if want == "" {
+		return ""
+	}
+	s.decided++
+	got := "translate"
+	switch dout, ok := parseFuzz(out); {
+	case ret == tcActShot:
+		got = "drop"
+	case bytes.Equal(in, out):
+		got = "pass untouched"
+	case ok && dout.dst.Addr() == din.src.Addr() && dout.src.Addr() == din.dst.Addr():
+		got = "reject"
+	}
+	if got != want {
+		return fmt.Sprintf("%s %s -> %s: %s, the reference decision is %s", din.proto, din.src, din.dst, got, want)
+	}
+	return ""
+}
+
 // check judges one outcome; "" is fine.
 func (w *fuzzWorld) check(hook string, ret uint32, in, out []byte, s *fuzzStats) string {
 	din, inOK := parseFuzz(in)
@@ -531,7 +605,10 @@ type fuzzPacket struct {
 	src, dst netip.AddrPort
 	proto    layers.IPProtocol
 	rst      bool
-	payload  []byte
+	// synOnly: a TCP segment with SYN and none of ACK, RST and FIN (the
+	// first of a connection).
+	synOnly bool
+	payload []byte
 	sumsOK   bool
 	sumNote  string
 	// firstFrag: the first fragment of a datagram, whose L4 checksum
@@ -626,6 +703,7 @@ func parseFuzz(b []byte) (fuzzPacket, bool) {
 		}
 		sport, dport = binary.BigEndian.Uint16(l4), binary.BigEndian.Uint16(l4[2:])
 		p.rst = l4[13]&0x04 != 0
+		p.synOnly = l4[13]&0x17 == 0x02 // SYN, without FIN, RST and ACK
 		p.payload = l4[int(l4[12]>>4)*4:]
 		if !p.firstFrag && fold(sum16(l4, pseudo(byte(p.proto), l4))) != 0 && p.sumsOK {
 			p.sumsOK, p.sumNote = false, "TCP"
