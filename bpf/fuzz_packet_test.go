@@ -609,8 +609,8 @@ type fuzzPacket struct {
 	// first of a connection).
 	synOnly bool
 	payload []byte
-	sumsOK   bool
-	sumNote  string
+	sumsOK  bool
+	sumNote string
 	// firstFrag: the first fragment of a datagram, whose L4 checksum
 	// cannot be checked from it alone.
 	firstFrag bool
