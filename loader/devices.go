@@ -344,9 +344,13 @@ func (w *deviceWatch) tryAttach(name string) {
 	}
 	a, err := w.attach(name)
 	w.mu.Lock()
-	delete(w.waiting, name)
-	if (err == nil || errors.Is(err, ErrXDPUnsupported)) && w.gen[name] == gen { // no retry can help XDP then
-		w.seen[name] = true
+	// A device of this name removed meanwhile (and perhaps created
+	// again, queued anew) is not this one: its wait and its turn stay.
+	if w.gen[name] == gen {
+		delete(w.waiting, name)
+		if err == nil || errors.Is(err, ErrXDPUnsupported) { // no retry can help XDP then
+			w.seen[name] = true
+		}
 	}
 	w.mu.Unlock()
 	w.report(a, err)

@@ -26,8 +26,9 @@ func TestDeviceWatchQueues(t *testing.T) {
 		mu.Lock()
 		running++
 		most = max(most, running)
+		gate := release
 		mu.Unlock()
-		<-release
+		<-gate
 		mu.Lock()
 		running--
 		attached[dev]++
@@ -94,9 +95,40 @@ func TestDeviceWatchQueues(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A device removed and created again while its attachment runs: the
+	// new one is attached too, at once, not at the next rescan.
+	mu.Lock()
+	release = make(chan struct{})
+	mu.Unlock()
+	updates <- link("vethx", unix.RTM_NEWLINK)
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		busy := running
+		mu.Unlock()
+		if busy == 1 {
+			break
+		}
+	}
+	updates <- link("vethx", unix.RTM_DELLINK)
+	updates <- link("vethx", unix.RTM_NEWLINK)
+	mu.Lock()
+	close(release)
+	mu.Unlock()
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := attached["vethx"]
+		mu.Unlock()
+		if waiting, _ = w.backlog(); n == 2 && waiting == 0 {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("vethx, created again while attached: attached %d times, %d devices waiting; want 2 and 0", n, waiting)
+		}
+	}
 	cancel()
 	mu.Lock()
 	defer mu.Unlock()
+	delete(attached, "vethx")
 	if len(attached) != n-1 || most > AttachWorkers || len(failures) != 0 {
 		t.Fatalf("%d devices attached (want %d), at most %d at a time (want <= %d), failures %v",
 			len(attached), n-1, most, AttachWorkers, failures)
