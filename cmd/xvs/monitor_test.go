@@ -58,6 +58,27 @@ func startMonitorArgs(t *testing.T, w *harness.Single, args ...string) (*lab.Pro
 // (its JSON lines) and its closing summary.
 func monitorEvents(t *testing.T, p *lab.Process, log string) ([]model.MonitorEvent, string) {
 	t.Helper()
+	return monitorEventsAfter(t, p, log, 0)
+}
+
+// monitorEventsAfter is monitorEvents once the monitor has printed at
+// least n events, or 10 s have passed: a log message reaches the monitor
+// a moment after the packet is refused, and a loaded machine (two VMs
+// under emulation) can stretch that moment past the test's next step.
+func monitorEventsAfter(t *testing.T, p *lab.Process, log string, n int) ([]model.MonitorEvent, string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); n > 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(log)
+		events := 0
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "{") && strings.HasSuffix(line, "}") {
+				events++
+			}
+		}
+		if events >= n {
+			break
+		}
+	}
 	if err := p.Stop(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +319,7 @@ func TestPrivIPVSMonitor(t *testing.T) {
 		t.Fatalf("UDP to the Service without endpoints: %v, want REFUSED", r)
 	}
 	connect(w.Node.NS, netip.AddrPortFrom(harness.DemoNodeIP, 40004), vip(80), lab.Refused)
-	evs, summary := monitorEvents(t, p, log)
+	evs, summary := monitorEventsAfter(t, p, log, 4)
 	for _, ev := range evs {
 		t.Logf("  %+v", ev)
 	}
