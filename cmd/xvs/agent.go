@@ -16,9 +16,14 @@ import (
 	"github.com/xvs-lb/xvs/version"
 )
 
+// loggedError is an error main does not print: it is in the log already.
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
+
 // runAgent is `xvs agent`: kube-proxy's command line (and --config file)
 // into agent.Options, then the agent until SIGINT or SIGTERM.
-func runAgent(args []string) error {
+func runAgent(args []string) (err error) {
 	fs := pflag.NewFlagSet("xvs agent", pflag.ContinueOnError)
 	fs.SortFlags = false
 	o := &agent.Options{}
@@ -46,6 +51,17 @@ func runAgent(args []string) error {
 	}
 	defer klog.Flush()
 	slog.SetDefault(log)
+	// Once the logging configuration applies, the reason the agent exits
+	// is a line of its log, in its format, as kube-proxy's is
+	// (component-base's cli.Run: "command failed"): main's plain
+	// "xvs agent: ..." would be the one line of a JSON stream that is not
+	// JSON.
+	defer func() {
+		if err != nil {
+			log.Error("command failed", "err", err)
+			err = loggedError{err}
+		}
+	}()
 	if len(o.Ignored) > 0 {
 		log.Warn("Flags ignored: the --config file sets these fields (as kube-proxy, which ignores them without a word)", "flags", o.Ignored)
 	}

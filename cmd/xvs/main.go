@@ -14,6 +14,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -58,7 +59,9 @@ func main() {
 	for _, c := range commands() {
 		if c.name == os.Args[1] {
 			if err := c.run(os.Args[2:]); err != nil {
-				fmt.Fprintf(os.Stderr, "xvs %s: %v\n", c.name, err)
+				if !errors.As(err, new(loggedError)) {
+					fmt.Fprintf(os.Stderr, "xvs %s: %v\n", c.name, err)
+				}
 				os.Exit(1)
 			}
 			return
