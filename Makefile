@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/xvs
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: bench-resize bench-stages dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
+.PHONY: bench-bulk bench-resize bench-stages dashboard fuzz fuzz-packets image image-packages e2e e2e-conformance conformance-bypass help deps generate generate-check build build-node lint apiserver kube-proxy test test-unit vmtest vmtest-corpus verifier-stats demo bench bench-peers clean conformance conformance-report conformance-vm conformance-vm-ebpf conformance-vm-ipvs
 
 help:
 	@echo "make demo    build and run the self-contained demo (root)"
@@ -11,6 +11,7 @@ help:
 	@echo "make bench   per-packet benchmark; rewrites docs/BENCHMARKS.md, then make bench-peers (root)"
 	@echo "make bench-stages   where a conntrack hit's time goes, stage by stage; rewrites docs/BENCHMARKS-stages.md (root)"
 	@echo "make bench-peers   xvs beside the real kube-proxy (nftables, iptables); rewrites docs/BENCHMARKS-peers.md (root; XVS_PEERS_WINDOW=30s)"
+	@echo "make bench-bulk    bulk TCP Gbit/s beside the real kube-proxy at one Service; rewrites docs/BENCHMARKS-bulk.md (root)"
 	@echo "make kube-proxy   build the real kube-proxy v1.37 once (cached under /var/cache/xvs)"
 	@echo "make vmtest KERNEL=6.1|6.12   privileged suites in a qemu VM on a Debian kernel (root)"
 	@echo "make verifier-stats [KERNEL=6.1 VM=1]   what the verifier spends on each program (root)"
@@ -263,6 +264,14 @@ bench-stages: deps
 kube-proxy:
 	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
 	./bin/bench -build-kube-proxy
+
+# Bulk TCP alone beside the real kube-proxy (docs/BENCHMARKS-bulk.md): the
+# peer comparison at one Service with short connection windows; its bulk
+# runs (1 and 8 streams, each direction; a ClusterIP unmasqueraded, a
+# NodePort masqueraded) are what it is for (about 12 min).
+bench-bulk: deps apiserver kube-proxy
+	$(GO) -C hack/bench build -o $(CURDIR)/bin/bench .
+	./bin/bench peers -sizes 1 -window 10s -out docs/BENCHMARKS-bulk.md $(PEERS_FLAGS)
 
 # xvs beside the real kube-proxy in nftables and iptables mode and the
 # no-proxy floor, one API server, masqueraded and not, interleaved by round

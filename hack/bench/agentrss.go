@@ -365,6 +365,9 @@ func createService(ctx context.Context, c kubernetes.Interface, s ruleService) e
 			Ports: []v1.ServicePort{{Name: s.Port, Port: int32(s.VIPPort), TargetPort: intstr.FromInt32(trafficPodPort), Protocol: v1.ProtocolTCP}},
 		},
 	}
+	if s.NodePort != 0 {
+		svc.Spec.Type, svc.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, int32(s.NodePort)
+	}
 	if _, err := c.CoreV1().Services(s.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("service %s: %w", s.Name, err)
 	}

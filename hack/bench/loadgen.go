@@ -316,7 +316,8 @@ func waitFD(fd int, events int16) error {
 }
 
 // benchServer answers the load generator inside a pod: respSize bytes per
-// reqSize-byte request, until the client closes.
+// reqSize-byte request, until the client closes; a connection whose first
+// request is a bulk one is a bulk stream instead (bulk.go).
 type benchServer struct {
 	ln   net.Listener
 	wg   sync.WaitGroup
@@ -392,8 +393,12 @@ func (s *benchServer) serve() {
 				c.Close()
 			}()
 			buf, resp := make([]byte, reqSize), make([]byte, respSize)
-			for {
+			for first := true; ; first = false {
 				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				if d, ok := bulkOf(buf); ok && first {
+					serveBulk(c, d)
 					return
 				}
 				if _, err := c.Write(resp); err != nil {

@@ -88,13 +88,44 @@ const (
 
 func peerVIP(i int) netip.Addr { return addAddr(trafficVIPBase, 2+i) }
 
-// peerServices are the N Services: VIP:80/TCP to the three pods on 8080.
+// peerNodePort is Service 0's NodePort (eTP=Cluster): the masqueraded
+// bulk streams go through it.
+const peerNodePort = 30080
+
+// peerServices are the N Services: VIP:80/TCP to the three pods on 8080;
+// Service 0 is also a NodePort.
 func peerServices(n int) []ruleService {
 	svcs := trafficServices(n)
 	for i := range svcs {
 		svcs[i].VIP = peerVIP(i)
 	}
+	svcs[0].NodePort = peerNodePort
 	return svcs
+}
+
+// peerBulkTargets are where a case's bulk streams go: the pods for the
+// floor, Service 0's ClusterIP when not masqueraded, and its NodePort on
+// the node's address when masqueraded (eTP=Cluster: every proxy
+// masquerades it).
+func peerBulkTargets(c peerCase) []netip.AddrPort {
+	switch {
+	case c.Proxy == ppFloor:
+		return targets(dpFloor, 0)
+	case c.Masq:
+		return []netip.AddrPort{netip.AddrPortFrom(trafficNodeIP, peerNodePort)}
+	}
+	return []netip.AddrPort{netip.AddrPortFrom(peerVIP(0), trafficVIPPort)}
+}
+
+// bulkTargetText names peerBulkTargets(c) in the report.
+func bulkTargetText(c peerCase) string {
+	switch {
+	case c.Proxy == ppFloor:
+		return "the pods"
+	case c.Masq:
+		return "NodePort"
+	}
+	return "ClusterIP"
 }
 
 // peerTargets: every VIP (each worker sweeps them all), or only Service
@@ -141,6 +172,11 @@ type PeersOptions struct {
 	// Masq lists the masquerade settings to run each proxy with (default
 	// both: not masqueraded, then masqueraded).
 	Masq []bool
+	// BulkStreams lists the parallel bulk streams to run each case with,
+	// in each direction, at the smallest size only (none: no bulk runs);
+	// BulkWindow is each bulk run's measured time, after BulkWarmup.
+	BulkStreams            []int
+	BulkWindow, BulkWarmup time.Duration
 	// XvsBin and KubeProxyBin: empty builds them (xvs from this tree,
 	// kube-proxy from test/kubeproxy into its cache).
 	XvsBin, KubeProxyBin string
@@ -150,6 +186,9 @@ type PeersOptions struct {
 func (o PeersOptions) validate() error {
 	if len(o.Sizes) == 0 || o.Rounds < 1 || o.Workers < 1 || o.Window <= 0 || o.WindowUnmasq <= 0 || o.Warmup < 0 || o.ReadyTimeout <= 0 {
 		return fmt.Errorf("peers: sizes, rounds, workers, windows and the ready timeout must be positive (%+v)", o)
+	}
+	if len(o.BulkStreams) > 0 && (o.BulkWindow <= 0 || o.BulkWarmup < 0 || slices.Min(o.BulkStreams) < 1) {
+		return fmt.Errorf("peers: bulk streams and window must be positive (%v, %v)", o.BulkStreams, o.BulkWindow)
 	}
 	if !slices.Contains(o.Proxies, ppFloor) {
 		return errors.New("peers: the proxies must include the floor")
@@ -181,10 +220,7 @@ func (c peerCase) String() string {
 // cases lists what every round runs: the floor (never masqueraded), then
 // each proxy unmasqueraded and masqueraded.
 func (o PeersOptions) cases() []peerCase {
-	masqs := o.Masq
-	if len(masqs) == 0 {
-		masqs = []bool{false, true}
-	}
+	masqs := o.masqs()
 	var out []peerCase
 	if slices.Contains(o.Proxies, ppFloor) {
 		out = append(out, peerCase{Proxy: ppFloor})
@@ -197,6 +233,21 @@ func (o PeersOptions) cases() []peerCase {
 		}
 	}
 	return out
+}
+
+// masqs are the masquerade settings each proxy runs with.
+func (o PeersOptions) masqs() []bool {
+	if len(o.Masq) == 0 {
+		return []bool{false, true}
+	}
+	return o.Masq
+}
+
+// bulkAt reports whether the cases run bulk streams at size n: at the
+// smallest size only, since a stream's packets meet one Service whatever
+// the number programmed.
+func (o PeersOptions) bulkAt(n int) bool {
+	return len(o.BulkStreams) > 0 && n == slices.Min(o.Sizes)
 }
 
 func (o PeersOptions) window(c peerCase) time.Duration {
@@ -223,6 +274,35 @@ type peerRun struct {
 	// window, counted from the agent's start, as `xvs list --stats` reads
 	// them: where the failed connections of a case went.
 	Drops map[string]uint64 `json:",omitempty"`
+	// Bulk are the bulk runs, at the smallest size: each direction with
+	// each number of streams.
+	Bulk []peerBulk `json:",omitempty"`
+}
+
+// peerBulk is one bulk run of a case, with the proxy's and ksoftirqd's
+// CPU over its window.
+type peerBulk struct {
+	bulkResult
+	ProxyCPU, KsoftirqdCPU time.Duration
+}
+
+// CPUPerGB is all the CPU the run cost per GB (10^9 bytes) moved in its
+// window.
+func (b peerBulk) CPUPerGB() time.Duration {
+	if b.Bytes == 0 {
+		return 0
+	}
+	return time.Duration(float64(b.CPU+b.ProxyCPU+b.KsoftirqdCPU) * 1e9 / float64(b.Bytes))
+}
+
+// bulk is the run of direction d with s streams, if there is one.
+func (r peerRun) bulk(d bulkDir, s int) (peerBulk, bool) {
+	for _, b := range r.Bulk {
+		if b.Dir == d && b.Streams == s {
+			return b, true
+		}
+	}
+	return peerBulk{}, false
 }
 
 // CPUPerConn is all the CPU the case cost per completed connection: the
@@ -375,21 +455,49 @@ func (w *peersWorld) measureCase(ctx context.Context, o PeersOptions, c peerCase
 	}
 	soft := ksoftirqdPIDs()
 	var proxy0, soft0 time.Duration
-	mark := func(start bool) {
-		var pc time.Duration
-		if p != nil {
-			pc = pidCPU(p.proc.Pid())
-		}
-		sc := pidsCPU(soft)
-		if start {
-			proxy0, soft0 = pc, sc
-		} else {
-			run.ProxyCPU, run.KsoftirqdCPU = pc-proxy0, sc-soft0
+	// marks calls back with the proxy's and ksoftirqd's CPU over a window.
+	marks := func(end func(proxy, soft time.Duration)) func(bool) {
+		return func(start bool) {
+			var pc time.Duration
+			if p != nil {
+				pc = pidCPU(p.proc.Pid())
+			}
+			sc := pidsCPU(soft)
+			if start {
+				proxy0, soft0 = pc, sc
+			} else {
+				end(pc-proxy0, sc-soft0)
+			}
 		}
 	}
-	run.Load, err = runLoadMarked(ctx, w.trafficWorld.client.Handle, modeCPS, ts, o.Workers, o.Warmup, o.window(c), mark)
+	run.Load, err = runLoadMarked(ctx, w.trafficWorld.client.Handle, modeCPS, ts, o.Workers, o.Warmup, o.window(c),
+		marks(func(proxy, soft time.Duration) { run.ProxyCPU, run.KsoftirqdCPU = proxy, soft }))
 	if err != nil {
 		return run, err
+	}
+	if o.bulkAt(n) {
+		bts := peerBulkTargets(c)
+		if c.Masq {
+			// The NodePort's path, and that it is masqueraded.
+			src, err := w.sourceSeen(bts[0])
+			if err != nil {
+				return run, fmt.Errorf("nodeport: %w", err)
+			}
+			if src == trafficClientIP {
+				return run, fmt.Errorf("the pods saw the NodePort's client as itself (%s): not masqueraded", src)
+			}
+		}
+		for _, d := range []bulkDir{bulkDown, bulkUp} {
+			for _, streams := range o.BulkStreams {
+				b := peerBulk{}
+				b.bulkResult, err = runBulk(ctx, w.trafficWorld.client, bts, d, streams, o.BulkWarmup, o.BulkWindow,
+					marks(func(proxy, soft time.Duration) { b.ProxyCPU, b.KsoftirqdCPU = proxy, soft }))
+				if err != nil {
+					return run, fmt.Errorf("bulk through %s: %w", bulkTargetText(c), err)
+				}
+				run.Bulk = append(run.Bulk, b)
+			}
+		}
 	}
 	if p != nil {
 		if ended, perr := p.proc.Exited(); ended {
@@ -639,6 +747,10 @@ func measurePeers(ctx context.Context, o PeersOptions) (_ []peerResult, _ *peers
 				logf(o.Log, "peers: %d services, round %d, %s: %.0f conn/s, %v CPU each (proxy %v, ksoftirqd %v in the window), connect p99 %v, %d errors, ready after %v, pods saw %s, xvs drops %v",
 					n, round+1, c, run.Load.Rate(), run.CPUPerConn(), run.ProxyCPU.Round(time.Millisecond), run.KsoftirqdCPU.Round(time.Millisecond),
 					run.Load.P99, run.Load.Errors, run.Ready.Round(time.Millisecond), run.Source, run.Drops)
+				for _, b := range run.Bulk {
+					logf(o.Log, "peers: %d services, round %d, %s: bulk %s through %s, %d stream(s): %.2f Gbit/s, %v CPU per GB, %d MiB checked",
+						n, round+1, c, b.Dir, bulkTargetText(c), b.Streams, b.Gbps(), b.CPUPerGB().Round(time.Millisecond), b.Total>>20)
+				}
 			}
 		}
 		results = append(results, res)

@@ -57,6 +57,9 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	proxies := fs.String("proxies", "floor,kube-proxy-nftables,kube-proxy-iptables,xvs,xvs-bypass", "what to compare: floor, kube-proxy-nftables, kube-proxy-iptables, xvs (the agent's defaults), xvs-bypass (--netfilter-mode=bypass)")
 	target := fs.String("targets", "spread", "where connections go: spread (every worker sweeps all N Services) or one (all to Service 0, the N programmed)")
 	masq := fs.String("masquerade", "both", "cases to run: both, on (masqueraded only) or off")
+	bulk := fs.String("bulk-streams", "1,8", "parallel bulk TCP streams per run, each direction, at the smallest size (a ClusterIP unmasqueraded, a NodePort masqueraded; \"\" for none)")
+	bulkWindow := fs.Duration("bulk-window", 5*time.Second, "measured time of each bulk run")
+	bulkWarmup := fs.Duration("bulk-warmup", time.Second, "bulk transfer before each bulk window, not counted")
 	xvsBin := fs.String("xvs-bin", "", "xvs binary (default: built from this tree)")
 	kpBin := fs.String("kube-proxy-bin", "", "kube-proxy binary (default: built from test/kubeproxy into the cache, or $"+envKubeProxyBin+")")
 	if err := fs.Parse(args); err != nil {
@@ -77,6 +80,12 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 	if !ok {
 		return PeersOptions{}, fmt.Errorf("-masquerade: %q is not both, on or off", *masq)
 	}
+	var bulkStreams []int
+	if *bulk != "" {
+		if bulkStreams, err = parseSizes(*bulk); err != nil {
+			return PeersOptions{}, fmt.Errorf("-bulk-streams: %w", err)
+		}
+	}
 	if *target != "spread" && *target != "one" {
 		return PeersOptions{}, fmt.Errorf("-targets: %q is not spread or one", *target)
 	}
@@ -84,7 +93,7 @@ func parsePeersFlags(args []string) (PeersOptions, error) {
 		OneService: *target == "one",
 		Out:        *out, Command: strings.TrimSpace("bin/bench peers " + strings.Join(args, " ")),
 		Sizes: ns, Rounds: *rounds, Workers: *workers, Window: *window, WindowUnmasq: *windowUnmasq, Warmup: *warmup,
-		ReadyTimeout: *ready, SlowSync: *slowSync, Proxies: ps, Masq: masqs, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
+		ReadyTimeout: *ready, SlowSync: *slowSync, BulkStreams: bulkStreams, BulkWindow: *bulkWindow, BulkWarmup: *bulkWarmup, Proxies: ps, Masq: masqs, XvsBin: *xvsBin, KubeProxyBin: *kpBin, Log: os.Stderr,
 	}, nil
 }
 

@@ -164,6 +164,7 @@ func peersReport(o PeersOptions, rs []peerResult, info *peersWorldInfo, plots ma
 	fmt.Fprintf(&b, "Every ratio is the median over %d rounds of same-round ratios (each round runs every case once, back to back); costs are inverted, so above 1.00x means xvs is ahead. This run took %v.\n\n", o.Rounds, m.Took.Round(time.Second))
 	fmt.Fprintf(&b, "| Goal | Measured | Met | Command |\n|---|---|---|---|\n")
 	writePeerGoals(&b, o, rs)
+	writeBulkGoals(&b, o, rs)
 	fmt.Fprintln(&b)
 	fmt.Fprintf(&b, "A dash is a size where one side was not measured; sizes with fewer rounds are listed below, with why. Ratios are judged without a noise allowance: one within a few percent of its threshold is a tie rather than a clear result.\n\n")
 	writePeerFailures(&b, o, rs)
@@ -289,6 +290,7 @@ func writePeerResults(b *bytes.Buffer, o PeersOptions, rs []peerResult, plots ma
 		}
 		return strings.Join(parts, ", ")
 	})
+	writeBulkResults(b, o, rs, plots)
 	writePeerTable(b, "Time to serve N Services from the API server", "Median over the rounds, from the process's start to the first and the last Service answering through it: its informers' list, its first full sync and the kernel's programming.", rs, cases, func(c *peerCell) string {
 		v := peerMedian(c, peerReady)
 		if v == 0 {
@@ -395,11 +397,12 @@ func writePeersMethod(b *bytes.Buffer, o PeersOptions) {
   - **no proxy (floor)**: nothing runs; the client connects to the pod addresses themselves, through the same node.
 - **Masquerade**: with `+"`clusterCIDR`"+` set, the client (outside it) is off-cluster, and kube-proxy (a `+"`mark-for-masquerade`"+` rule per Service, MASQUERADE with `+"`--random-fully`"+`) and xvs (in BPF) masquerade it to the node's address; without it neither does. Before every window one connection checks it: the pod that answers records the source it saw, and a case whose masquerade is not what it should be fails instead of being measured.
 - **Load**: %d workers, each an OS thread in the client namespace looping connect, send 16 bytes, receive 16 bytes, close (raw non-blocking sockets and poll(2)), %s: every connection is a new flow. Only completions inside the window count; a window follows a %v warm-up.
+- **Bulk** (at the smallest size, `+"`-bulk-streams`"+`): after its connection window, each case runs long TCP streams, in each direction with each number of parallel streams, for %v after %v of warm-up: the unmasqueraded cases to Service 0's ClusterIP, the masqueraded ones to its NodePort on the node's address (eTP=Cluster; every proxy masquerades it, and a check connection must see the node's address, not the client's), the floor to the pods. A download's pod sends a fixed 64 KiB xorshift pattern, repeated, and the client checks every byte it reads; an upload's client sends it, half-closes at the end, and the pod checks every byte and answers with the count it read, which must equal what the client wrote. A stream that fails, stalls for 2 s or moves nothing fails the case. Throughput is the payload moved inside the window (read by the client, or written by it: in steady state the socket buffers hold as much at the window's end as at its start).
 - **Rounds**: each size runs %d rounds; a round runs every case once, one after another (the proxy started, its first sync awaited, the window, the proxy stopped), each round starting one case later than the previous one. The node's netfilter conntrack table is flushed before each case.
 - **CPU per connection**: the benchmark process's user+system time (the load generator, the pods' servers, and the kernel's forwarding, NAT and conntrack done in their context: this kernel has no IRQ time accounting, so a softirq is charged to the task it interrupts) plus the proxy process's (from /proc/PID/stat) plus the ksoftirqd threads', over the window, divided by the connections completed in it.
 - **Cleanup** after every case: the process is stopped by its PID (SIGTERM, then SIGKILL), its own cleanup runs (`+"`kube-proxy --cleanup`"+`, `+"`xvs cleanup`"+`), the node's ruleset is flushed and checked empty, and the node namespace's conntrack timeouts and `+"`route_localnet`"+` are put back. The namespaces, servers, API server and every process go when the run ends, on every path.
 
-`, trafficNodeIP, joinAddrs(trafficPodIPs), trafficClientIP, "2", peersNode, peersClusterCIDR, o.Workers, targetsText(o), o.Warmup, o.Rounds)
+`, trafficNodeIP, joinAddrs(trafficPodIPs), trafficClientIP, "2", peersNode, peersClusterCIDR, o.Workers, targetsText(o), o.Warmup, o.BulkWindow, o.BulkWarmup, o.Rounds)
 }
 
 func writePeersNotes(b *bytes.Buffer) {
@@ -450,6 +453,13 @@ func writePeerPlots(base string, o PeersOptions, rs []peerResult) (map[string]st
 			return nil, fmt.Errorf("%s: %w", s.key, err)
 		}
 		plots[s.key] = filepath.Base(path)
+	}
+	if r, ok := bulkResultAt(o, rs); ok {
+		path := base + "-bulk.png"
+		if err := bulkPlot(path, o, r); err != nil {
+			return nil, fmt.Errorf("bulk: %w", err)
+		}
+		plots["bulk"] = filepath.Base(path)
 	}
 	return plots, nil
 }

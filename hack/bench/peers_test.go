@@ -26,6 +26,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 		Out: out, Command: "go -C hack/bench test ./...", Sizes: []int{1, 3}, Rounds: 1, Workers: 2,
 		Window: 300 * time.Millisecond, WindowUnmasq: 200 * time.Millisecond, Warmup: 100 * time.Millisecond,
 		ReadyTimeout: time.Minute, Proxies: []peerProxy{ppFloor, ppNftables, ppIptables, ppXvs, ppXvsBypass}, Log: testLog{t},
+		BulkStreams: []int{1, 3}, BulkWindow: 300 * time.Millisecond, BulkWarmup: 100 * time.Millisecond,
 	}
 	if err := RunPeers(context.Background(), o); err != nil {
 		t.Fatal(err)
@@ -39,6 +40,8 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 		"## Machine and run", "Kernel:", "Load average", "Kubernetes v1.37", "## Method", "### New TCP connections per second",
 		"### CPU per connection", "kube-proxy iptables, masqueraded", "xvs (ebpf), not masqueraded", "xvs (ebpf, bypass), masqueraded", "| 3 |",
 		"BENCHMARKS-peers-cps.png", "## The shape-alike rule sets",
+		"### Bulk TCP throughput at N = 1", "| kube-proxy nftables, masqueraded | NodePort |", "| xvs (ebpf), not masqueraded | ClusterIP |",
+		"bulk Gbit/s through a NodePort (xvs (ebpf, bypass), masqueraded) >= 0.95x the floor", "upload ×3", "BENCHMARKS-peers-bulk.png",
 	} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
@@ -47,7 +50,7 @@ func TestPrivBenchPeersTiny(t *testing.T) {
 	if strings.Contains(string(report), "stopped after") {
 		t.Errorf("a case was not measured:\n%s", report)
 	}
-	for _, png := range []string{"BENCHMARKS-peers-cps.png", "BENCHMARKS-peers-cpu.png"} {
+	for _, png := range []string{"BENCHMARKS-peers-cps.png", "BENCHMARKS-peers-cpu.png", "BENCHMARKS-peers-bulk.png"} {
 		if fi, err := os.Stat(filepath.Join(filepath.Dir(out), png)); err != nil || fi.Size() == 0 {
 			t.Errorf("plot %s missing or empty: %v", png, err)
 		}

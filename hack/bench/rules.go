@@ -15,6 +15,9 @@ type ruleService struct {
 	VIP                   netip.Addr
 	VIPPort               uint16
 	Endpoints             []netip.AddrPort
+	// NodePort, when set, makes it a NodePort Service (the API-server
+	// benchmarks only; the shape-alike rule sets serve the ClusterIP).
+	NodePort uint16
 }
 
 func (s ruleService) portName() string { return s.Namespace + "/" + s.Name + ":" + s.Port }
