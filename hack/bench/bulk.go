@@ -220,22 +220,14 @@ func runBulk(ctx context.Context, client *lab.NS, ts []netip.AddrPort, d bulkDir
 		}
 		return nil
 	}
-	sleep := func(d time.Duration) error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-			return nil
-		}
-	}
-	werr := sleep(warmup)
+	werr := sleepCtx(ctx, warmup)
 	var b0 uint64
 	var cpu0 time.Duration
 	var t0 time.Time
 	if werr == nil {
 		mark(true)
 		b0, cpu0, t0 = moved(), processCPU(), time.Now()
-		werr = sleep(window)
+		werr = sleepCtx(ctx, window)
 		res.Bytes, res.CPU, res.Window = moved()-b0, processCPU()-cpu0, time.Since(t0)
 		mark(false)
 	}

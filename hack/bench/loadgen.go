@@ -112,20 +112,12 @@ func runLoadMarked(ctx context.Context, client netns.NsHandle, mode loadMode, ta
 			outs[w].run(client, mode, targets, w, workers, &phase)
 		}()
 	}
-	timer := func(d time.Duration) error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-			return nil
-		}
-	}
-	err := timer(warmup)
+	err := sleepCtx(ctx, warmup)
 	mark(true)
 	start, cpu0 := time.Now(), processCPU()
 	if err == nil {
 		phase.Store(1)
-		err = timer(window)
+		err = sleepCtx(ctx, window)
 	}
 	res := loadResult{Window: time.Since(start), CPU: processCPU() - cpu0}
 	phase.Store(2)
@@ -312,6 +304,16 @@ func waitFD(fd int, events int16) error {
 			}
 			return nil
 		}
+	}
+}
+
+// sleepCtx waits d, or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 
