@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -679,4 +681,253 @@ func TestPrivIPVSBesideKubeProxy(t *testing.T) {
 	if _, err := os.Stat(record); !os.IsNotExist(err) {
 		t.Errorf("xvs's IPVS record %s after the last cleanup: %v", record, err)
 	}
+}
+
+// ipvsadmTable reads ipvsadm -Ln's --rate or --stats layout, as ipvsadm
+// prints it and as `xvs list` does: the two header lines' fields, and the
+// figures of each row, by "TCP ADDR:PORT" for a virtual server and
+// "-> ADDR:PORT" for its real servers.
+func ipvsadmTable(out []byte) (header []string, rows map[string][]float64, err error) {
+	rows = map[string][]float64{}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 0:
+		case f[0] == "Prot" || (f[0] == "->" && len(f) == 2 && f[1] == "RemoteAddress:Port"):
+			header = append(header, f...)
+		case f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP" || f[0] == "->":
+			var v []float64
+			for _, s := range f[2:] {
+				x, perr := strconv.ParseFloat(s, 64)
+				if perr != nil {
+					return nil, nil, fmt.Errorf("%q: %v", l, perr)
+				}
+				v = append(v, x)
+			}
+			rows[f[0]+" "+f[1]] = v
+		}
+	}
+	return header, rows, nil
+}
+
+// TestPrivIPVSListRate: `xvs list --rate` in ipvs mode over real traffic
+// through kernel IPVS: a new connection every 200 ms to the Service's one
+// endpoint, each 128 KiB up and 512 KiB down, every byte checked. Once
+// the kernel's rate estimator (what ipvsadm -Ln --rate shows; it folds
+// the counters and updates every 2 s) has the traffic, each run of `xvs
+// list --rate` with its defaults, -o json and text, shows for the virtual
+// server and its real server nonzero CPS, InPPS, OutPPS, InBPS and OutBPS:
+// text under ipvsadm --rate's columns; the figures of the order of what
+// was sent (In the client's bytes, Out the server's, bytes a second, 40
+// to 64 KiB a packet) and of ipvsadm --rate's. Then, the traffic stopped,
+// `xvs list --stats` counts every connection made and the bytes sent, as
+// ipvsadm -Ln --stats does, under its columns.
+func TestPrivIPVSListRate(t *testing.T) {
+	w := newIPVSWorld(t, "--proxy-mode", "ipvs")
+	if err := w.WriteService(harness.DemoPodIPs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitIPVS(w, 1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	server := podAddr(0)
+	vsRow, rsRow := "TCP "+tcp.String(), "-> "+server.String()
+
+	const up, down = 128 << 10, 512 << 10
+	type sent struct {
+		at       time.Time
+		up, down int64
+	}
+	var (
+		mu    sync.Mutex
+		done  []sent
+		xfail error
+	)
+	stop, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			r, err := lab.Transfer(w.Client, netip.AddrPortFrom(harness.DemoClientIP, 0), tcp, lab.TransferSpec{Upload: up, Download: down, Timeout: 10 * time.Second})
+			if err == nil && r.Server.Local != server {
+				err = fmt.Errorf("served by %s, want %s", r.Server.Local, server)
+			}
+			mu.Lock()
+			if err != nil && xfail == nil {
+				xfail = err
+			}
+			if err == nil {
+				done = append(done, sent{time.Now(), r.Uploaded, r.Downloaded})
+			}
+			mu.Unlock()
+		}
+	}()
+	stopTraffic := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-finished
+	}
+	defer stopTraffic()
+	// What was sent a second over the last 10 s (the estimator's memory
+	// is about 8 s).
+	generated := func() (cps, upBps, downBps float64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if xfail != nil {
+			t.Fatalf("a transfer through %s: %v", tcp, xfail)
+		}
+		const window = 10 * time.Second
+		for _, s := range done {
+			if time.Since(s.at) < window {
+				cps++
+				upBps += float64(s.up)
+				downBps += float64(s.down)
+			}
+		}
+		return cps / window.Seconds(), upBps / window.Seconds(), downBps / window.Seconds()
+	}
+	ipvsadm := func(args ...string) ([]string, map[string][]float64) {
+		t.Helper()
+		out, err := lab.Run(w.Node.NS, "ipvsadm", append([]string{"-Ln", "--exact", "-t", tcp.String()}, args...)...)
+		if err != nil {
+			t.Fatalf("ipvsadm %v: %v\n%s", args, err, out)
+		}
+		h, rows, err := ipvsadmTable(out)
+		if err != nil || len(rows[vsRow]) != 5 || len(rows[rsRow]) != 5 {
+			t.Fatalf("ipvsadm %v (%v): want %s and %s with 5 figures each:\n%s", args, err, vsRow, rsRow, out)
+		}
+		return h, rows
+	}
+
+	// The kernel's estimator has the traffic (and ten seconds of it).
+	began := time.Now()
+	for deadline := began.Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		_, rows := ipvsadm("--rate")
+		if !slices.Contains(rows[vsRow], 0) && !slices.Contains(rows[rsRow], 0) && time.Since(began) > 10*time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ipvsadm --rate after %v of traffic: %s %v, %s %v", time.Since(began).Round(time.Second), vsRow, rows[vsRow], rsRow, rows[rsRow])
+		}
+	}
+
+	names := []string{"CPS", "InPPS", "OutPPS", "InBPS", "OutBPS"}
+	// plausible checks one row of figures: nonzero, of the order of what
+	// was sent, and of the kernel's (ipvsadm's) figures for the row.
+	plausible := func(how, row string, got, kernel []float64) {
+		t.Helper()
+		cps, upBps, downBps := generated()
+		if len(got) != 5 {
+			t.Errorf("%s: %s: %v, want the 5 figures %v", how, row, got, names)
+			return
+		}
+		for i, want := range []float64{cps, 0, 0, upBps, downBps} {
+			if got[i] <= 0 {
+				t.Errorf("%s: %s %s = %v, want it nonzero", how, row, names[i], got[i])
+			}
+			if want > 0 && (got[i] < want/10 || got[i] > want*10) {
+				t.Errorf("%s: %s %s = %.0f, sent %.0f a second: not of the same order", how, row, names[i], got[i], want)
+			}
+			if kernel[i] > 0 && (got[i] < kernel[i]/3 || got[i] > kernel[i]*3) {
+				t.Errorf("%s: %s %s = %.0f, ipvsadm --rate %.0f", how, row, names[i], got[i], kernel[i])
+			}
+		}
+		for i, dir := range []string{"In", "Out"} {
+			if pps, bps := got[1+i], got[3+i]; pps > 0 && (bps/pps < 40 || bps/pps > 65<<10) {
+				t.Errorf("%s: %s %sBPS/%sPPS = %.0f bytes a packet, want 40 to 64 KiB", how, row, dir, dir, bps/pps)
+			}
+		}
+		if got[4] < 2*got[3] {
+			t.Errorf("%s: %s OutBPS %.0f, InBPS %.0f: the server sends 4 times what the client does", how, row, got[4], got[3])
+		}
+	}
+	for round := range 3 {
+		out, err := lab.Run(w.Node.NS, w.Bin, "list", "--rate", "-t", tcp.String(), "-o", "json")
+		if err != nil {
+			t.Fatalf("xvs list --rate -o json: %v\n%s", err, out)
+		}
+		type rate struct {
+			Address                           netip.AddrPort
+			CPS, InPPS, OutPPS, InBPS, OutBPS float64
+		}
+		var v struct {
+			Services []struct {
+				Protocol string
+				rate
+				Backends []rate
+			}
+		}
+		if err := json.Unmarshal(out, &v); err != nil || len(v.Services) != 1 || v.Services[0].Protocol != "TCP" || v.Services[0].Address != tcp {
+			t.Fatalf("xvs list --rate -t %s -o json (%v): want that virtual server alone:\n%s", tcp, err, out)
+		}
+		_, kernel := ipvsadm("--rate")
+		figures := func(r rate) []float64 { return []float64{r.CPS, r.InPPS, r.OutPPS, r.InBPS, r.OutBPS} }
+		plausible(fmt.Sprintf("round %d, -o json", round), vsRow, figures(v.Services[0].rate), kernel[vsRow])
+		i := slices.IndexFunc(v.Services[0].Backends, func(r rate) bool { return r.Address == server })
+		if i < 0 {
+			t.Fatalf("xvs list --rate -o json: no real server %s:\n%s", server, out)
+		}
+		plausible(fmt.Sprintf("round %d, -o json", round), rsRow, figures(v.Services[0].Backends[i]), kernel[rsRow])
+
+		out, err = lab.Run(w.Node.NS, w.Bin, "list", "--rate", "-t", tcp.String())
+		if err != nil {
+			t.Fatalf("xvs list --rate: %v\n%s", err, out)
+		}
+		header, rows, err := ipvsadmTable(out)
+		kheader, kernel := ipvsadm("--rate")
+		if err != nil || !slices.Equal(header, kheader) {
+			t.Errorf("xvs list --rate (%v): columns %q, ipvsadm --rate's %q:\n%s", err, header, kheader, out)
+		}
+		for _, row := range []string{vsRow, rsRow} {
+			plausible(fmt.Sprintf("round %d, text", round), row, rows[row], kernel[row])
+		}
+		cps, upBps, downBps := generated()
+		t.Logf("round %d: sent %.1f conn/s, %.0f B/s up, %.0f B/s down; xvs list --rate:\n%s", round, cps, upBps, downBps, out)
+	}
+
+	// --stats, once the traffic has stopped and the kernel has folded
+	// the last of it: every connection made, the bytes sent (and their
+	// headers) each way, the same figures as ipvsadm --stats.
+	stopTraffic()
+	mu.Lock()
+	made, upTotal, downTotal := float64(len(done)), 0.0, 0.0
+	for _, s := range done {
+		upTotal += float64(s.up)
+		downTotal += float64(s.down)
+	}
+	mu.Unlock()
+	var out []byte
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		var err error
+		out, err = lab.Run(w.Node.NS, w.Bin, "list", "--stats", "-t", tcp.String())
+		if err != nil {
+			t.Fatalf("xvs list --stats: %v\n%s", err, out)
+		}
+		header, rows, err := ipvsadmTable(out)
+		kheader, kernel := ipvsadm("--stats")
+		if err == nil && slices.Equal(header, kheader) && slices.Equal(rows[vsRow], kernel[vsRow]) && slices.Equal(rows[rsRow], kernel[rsRow]) &&
+			len(rows[vsRow]) == 5 && rows[vsRow][0] == made {
+			for _, row := range []string{vsRow, rsRow} {
+				s := rows[row]
+				if s[0] != made || s[3] < upTotal || s[3] > 1.2*upTotal || s[4] < downTotal || s[4] > 1.2*downTotal || s[1] < 3*made || s[2] < 3*made {
+					t.Errorf("xvs list --stats: %s %v (Conns InPkts OutPkts InBytes OutBytes), want %.0f connections, %.0f bytes in and %.0f out, and their headers", row, s, made, upTotal, downTotal)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("xvs list --stats 15 s after the last of %.0f connections (%v), ipvsadm --stats %v %q:\n%s", made, err, kernel, kheader, out)
+		}
+	}
+	t.Logf("%.0f connections, %.0f bytes up, %.0f down; xvs list --stats:\n%s", made, upTotal, downTotal, out)
 }

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	mobyipvs "github.com/moby/ipvs"
 	"sigs.k8s.io/yaml"
 
 	"github.com/xvs-lb/xvs/agent"
@@ -37,7 +38,7 @@ func runList(args []string) error {
 	output := fs.String("o", "text", "output format: text, json or yaml (their schemaVersion field names the layout: docs/configuration.md)")
 	mode := fs.String("proxy-mode", "auto", "datapath to list: ebpf, ipvs, or auto (ebpf if its maps are pinned, else ipvs)")
 	rate := fs.Bool("rate", false, "show rates (ipvsadm -Ln --rate): connections, packets and bytes per second, from two reads --interval apart")
-	interval := fs.Duration("interval", time.Second, "with --rate: time between the two reads")
+	interval := fs.Duration("interval", time.Second, "with --rate in ebpf mode: time between the two reads (ipvs mode shows the kernel's own estimates, as ipvsadm does)")
 	var conns bool
 	fs.BoolVar(&conns, "c", false, "list connections instead (ipvsadm -Lnc): client, frontend, backend, state, expiry")
 	fs.BoolVar(&conns, "connections", false, "same as -c")
@@ -381,8 +382,12 @@ func rateOf(a, b xbpf.Stats, d time.Duration) Rate {
 }
 
 // listRates reads the counters twice and prints the rates between, of the
-// virtual servers f names.
+// virtual servers f names. In ipvs mode it prints the kernel's own
+// estimates instead (ipvsRates).
 func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Config, f maps.ConnectionFilter) error {
+	if listMode(mode, pinPath) == string(model.ModeIPVS) {
+		return ipvsRates(output, ic, f)
+	}
 	first, err := readSelected(mode, pinPath, true, ic, f)
 	if err != nil {
 		return err
@@ -395,6 +400,48 @@ func listRates(mode, pinPath, output string, interval time.Duration, ic ipvs.Con
 	}
 	end := time.Now()
 	return printRates(os.Stdout, output, start, end, rateViews(first, second, end.Sub(start)))
+}
+
+// ipvsRates prints the rates kernel IPVS estimates for the virtual
+// servers f names and their real servers: what ipvsadm -Ln --rate prints.
+// The kernel folds its per-CPU counters into the ones it reports only
+// when its estimator runs, every 2 s, so two reads of them a second apart
+// differ by nothing or by 2 s of traffic: 0, or twice the rate. Its
+// estimates are a moving average of those 2 s samples (each weighs 1/4:
+// they follow a change within about 8 s); --interval does not apply, and
+// the window printed (from, to) is the instant of the read.
+func ipvsRates(output string, ic ipvs.Config, f maps.ConnectionFilter) error {
+	list, err := ipvs.List(ic)
+	if err != nil {
+		return err
+	}
+	snap := agent.SnapshotOfIPVS(list, true)
+	snap.Sort()
+	if err := selectFrontends(snap, f); err != nil {
+		return err
+	}
+	at := time.Now()
+	estimate := func(st mobyipvs.SvcStats) Rate {
+		return Rate{CPS: float64(st.CPS), InPPS: float64(st.PPSIn), OutPPS: float64(st.PPSOut), InBPS: float64(st.BPSIn), OutBPS: float64(st.BPSOut)}
+	}
+	type key struct {
+		proto string
+		addr  netip.AddrPort
+	}
+	kernel := map[key]ipvs.ServiceView{}
+	for _, s := range list {
+		kernel[key{s.Protocol.String(), s.Address}] = s
+	}
+	views := []rateView{}
+	for _, s := range snap.Services {
+		ks := kernel[key{s.Protocol, s.Address}]
+		v := rateView{Protocol: s.Protocol, Address: s.Address, Rate: estimate(ks.Stats), Backends: []backendRate{}}
+		for _, r := range ks.Reals {
+			v.Backends = append(v.Backends, backendRate{Address: r.Address, Rate: estimate(r.Stats)})
+		}
+		views = append(views, v)
+	}
+	return printRates(os.Stdout, output, at, at, views)
 }
 
 // rateViews are the rates of the frontends and backends both reads hold,
