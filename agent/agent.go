@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/go-logr/logr"
+	"github.com/sirupsen/logrus"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
@@ -85,7 +87,37 @@ func NewLogger(c *logsapi.LoggingConfiguration) (*slog.Logger, error) {
 	if err := logsapi.ValidateAndApply(c, nil); err != nil {
 		return nil, err
 	}
-	return slog.New(logr.ToSlogHandler(klog.Background())), nil
+	log := slog.New(logr.ToSlogHandler(klog.Background()))
+	// moby/ipvs logs through logrus (a failed `modprobe -va ip_vs`, as in
+	// a container without the host's /lib/modules): its lines join the
+	// stream too, not logrus's own text lines on stderr.
+	logrus.SetOutput(io.Discard)
+	logrus.AddHook(logrusHook{log})
+	return log, nil
+}
+
+// logrusHook sends logrus's entries to the agent's logger, at the same
+// level (Panic, Fatal and Error an error line), with their fields.
+type logrusHook struct{ log *slog.Logger }
+
+func (logrusHook) Levels() []logrus.Level { return logrus.AllLevels }
+
+func (h logrusHook) Fire(e *logrus.Entry) error {
+	level := slog.LevelInfo
+	switch {
+	case e.Level <= logrus.ErrorLevel:
+		level = slog.LevelError
+	case e.Level == logrus.WarnLevel:
+		level = slog.LevelWarn
+	case e.Level >= logrus.DebugLevel:
+		level = slog.LevelDebug
+	}
+	attrs := make([]any, 0, 2*len(e.Data))
+	for k, v := range e.Data {
+		attrs = append(attrs, k, v)
+	}
+	h.log.Log(context.Background(), level, e.Message, attrs...)
+	return nil
 }
 
 // defaultMaxMetricSeries bounds a scrape's per-Service series: about 16,000

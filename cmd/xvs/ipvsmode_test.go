@@ -33,17 +33,23 @@ import (
 // it) and a short drain interval.
 func newIPVSWorld(t *testing.T, agentArgs ...string) *harness.Single {
 	t.Helper()
+	w := startIPVSWorld(t, agentArgs...)
+	if err := waitIPVS(w, len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// startIPVSWorld is newIPVSWorld without the wait: the agent started.
+func startIPVSWorld(t *testing.T, agentArgs ...string) *harness.Single {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("namespace tests need root (network namespaces, IPVS); run them as root")
 	}
 	if err := ipvs.Available(); err != nil {
 		t.Fatalf("ipvs-mode tests need kernel IPVS (run them in the VM: make vmtest): %v", err)
 	}
-	w := startWorld(t, "i", agentArgs...)
-	if err := waitIPVS(w, len(harness.DemoPodIPs), 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return startWorld(t, "i", agentArgs...)
 }
 
 // listIPVSOf runs `xvs list --proxy-mode ipvs -o json` in the node namespace.
@@ -930,4 +936,51 @@ func TestPrivIPVSListRate(t *testing.T) {
 		}
 	}
 	t.Logf("%.0f connections, %.0f bytes up, %.0f down; xvs list --stats:\n%s", made, upTotal, downTotal, out)
+}
+
+// TestPrivIPVSAgentJSONLog: an ipvs-mode agent with --logging-format=json
+// where `modprobe` fails, as in a container without the host's
+// /lib/modules (kernel IPVS is there: the module is loaded): moby/ipvs
+// says so through logrus, and that line is a JSON line of the agent's
+// stream as every other one, not logrus's text.
+func TestPrivIPVSAgentJSONLog(t *testing.T) {
+	stub := t.TempDir()
+	if err := os.WriteFile(filepath.Join(stub, "modprobe"), []byte("#!/bin/sh\necho \"modprobe: FATAL: Module $2 not found in directory /lib/modules/$(uname -r)\" >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The agent's PATH alone: `xvs list` opens IPVS through moby/ipvs
+	// too, and its stderr would have the line.
+	path := os.Getenv("PATH")
+	t.Setenv("PATH", stub+":"+path)
+	start := time.Now()
+	w := startIPVSWorld(t, "--proxy-mode", "ipvs", "--logging-format=json")
+	os.Setenv("PATH", path)
+	if err := waitIPVS(w, len(harness.DemoPodIPs), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	tcp := netip.AddrPortFrom(harness.DemoVIP, 80)
+	if got, err := harness.Spread(15, func() lab.Result { return lab.ProbeTCP(w.Client, harness.DemoClientIP, tcp, 3*time.Second) }); err != nil || len(got) != 3 {
+		t.Fatalf("traffic: %v %v", got, err)
+	}
+	if err := w.Agent.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.ReadFile(w.Agent.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := parseJSONLog(out, start, time.Now())
+	if err != nil {
+		t.Error(err)
+	}
+	if i := slices.IndexFunc(lines, func(l jsonLine) bool {
+		return strings.HasPrefix(l.msg(), "Running modprobe ip_vs failed") && l["v"] == 0.0
+	}); i < 0 {
+		t.Errorf("no JSON line (v 0) from moby/ipvs about the failed modprobe:\n%s", out)
+	}
+	for _, want := range []string{"xvs agent running", "xvs agent stopping; the datapath stays in place"} {
+		if findLine(lines, want, 0, map[string]any{}) == nil {
+			t.Errorf("no JSON line %q:\n%s", want, out)
+		}
+	}
 }
