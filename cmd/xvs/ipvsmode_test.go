@@ -945,7 +945,7 @@ func TestPrivIPVSListRate(t *testing.T) {
 // stream as every other one, not logrus's text.
 func TestPrivIPVSAgentJSONLog(t *testing.T) {
 	stub := t.TempDir()
-	if err := os.WriteFile(filepath.Join(stub, "modprobe"), []byte("#!/bin/sh\necho \"modprobe: FATAL: Module $2 not found in directory /lib/modules/$(uname -r)\" >&2\nexit 1\n"), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(stub, "modprobe"), []byte("#!/bin/sh\necho \"modprobe: FATAL: Module ${2:-$1} not found in directory /lib/modules/$(uname -r)\" >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	// The agent's PATH alone: `xvs list` opens IPVS through moby/ipvs
